@@ -1,0 +1,179 @@
+//! `naive_f32`: a plain f32 implementation of SPEC (two passes per row, blocked sums),
+//! independent of the oracle's code. It is what an honest f32 kernel computes, so it
+//! must pass the standard tier; its [`Mutation`]s are deliberately wrong variants that
+//! must fail it (the tests prove the gates can fail).
+
+use crate::cases::Case;
+use crate::inputs::Inputs;
+use crate::outputs::Outputs;
+use crate::spec::{IsLevel, Level, LossType, OutputName};
+use rayon::prelude::*;
+
+/// A deliberate bug, for showing that the gates catch it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// dlogits without the 1/τ factor.
+    NoTemperatureInGradient,
+    /// The logsumexp ignores the last, partial 128-wide vocabulary tile (a missing tile mask).
+    DropLastPartialTile,
+    /// logp rounded to bf16 (log_softmax on bf16 logits: seed 001's bug).
+    Bf16Logp,
+    /// The gradient always takes the unclipped branch.
+    NoClipInGradient,
+    /// Masked tokens counted in the loss and the gradient.
+    IgnoreMask,
+    /// Masked mean divides by Σm without the max(·, 1) guard (NaN on an all-masked row).
+    NoEmptyRowGuard,
+}
+
+impl Mutation {
+    /// Every mutation.
+    pub const ALL: [Mutation; 6] = [
+        Mutation::NoTemperatureInGradient,
+        Mutation::DropLastPartialTile,
+        Mutation::Bf16Logp,
+        Mutation::NoClipInGradient,
+        Mutation::IgnoreMask,
+        Mutation::NoEmptyRowGuard,
+    ];
+}
+
+/// The naive f32 implementation, optionally with a bug.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NaiveF32 {
+    /// The deliberate bug, if any.
+    pub mutation: Option<Mutation>,
+}
+
+fn blocked_sum(it: impl Iterator<Item = f32>) -> f32 {
+    let mut total = 0f32;
+    let mut block = 0f32;
+    for (i, x) in it.enumerate() {
+        block += x;
+        if i % 256 == 255 {
+            total += block;
+            block = 0.0;
+        }
+    }
+    total + block
+}
+
+impl NaiveF32 {
+    /// Logits level only.
+    pub fn supports(&self, case: &Case) -> Result<(), String> {
+        match case.level {
+            Level::Logits => Ok(()),
+            Level::Fused => Err("naive_f32 implements the logits level only".into()),
+        }
+    }
+
+    /// Computes every output in f32.
+    pub fn run(&self, case: &Case, inputs: &Inputs) -> Outputs {
+        let mu = self.mutation;
+        let k = &case.knobs;
+        let s = case.shape;
+        let (b_n, t_n, v) = (s.b, s.t, s.v);
+        let inv_tau = 1.0f32 / k.temperature as f32;
+        let v_used = if mu == Some(Mutation::DropLastPartialTile) && v % 128 != 0 { v - v % 128 } else { v };
+
+        // Per row: lse, logp, entropy.
+        let stats: Vec<(f32, f32, f32)> = (0..s.rows())
+            .into_par_iter()
+            .map(|r| {
+                let z = &inputs.logits[r * v..r * v + v_used];
+                let m = z.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x * inv_tau));
+                let l = blocked_sum(z.iter().map(|&x| (x * inv_tau - m).exp()));
+                let w = blocked_sum(z.iter().map(|&x| {
+                    let u = x * inv_tau - m;
+                    u.exp() * u
+                }));
+                let lse = m + l.ln();
+                let y = inputs.chosen_ids[r] as usize;
+                let mut logp = inputs.logits[r * v + y] * inv_tau - lse;
+                if mu == Some(Mutation::Bf16Logp) {
+                    logp = half::bf16::from_f32(logp).to_f32();
+                }
+                (lse, logp, l.ln() - w / l)
+            })
+            .collect();
+
+        let mask: Vec<f32> = if mu == Some(Mutation::IgnoreMask) { vec![1.0; s.rows()] } else { inputs.mask.clone() };
+        let guard = |x: f32| if mu == Some(Mutation::NoEmptyRowGuard) { x } else { x.max(1.0) };
+        let msum: Vec<f32> = (0..b_n).map(|b| mask[b * t_n..(b + 1) * t_n].iter().sum()).collect();
+        let mtot: f32 = msum.iter().sum();
+        let weight = |i: usize| -> f32 {
+            mask[i] * match k.loss_type {
+                LossType::Grpo => 1.0 / guard(msum[i / t_n]) / b_n as f32,
+                LossType::Bnpo => 1.0 / guard(mtot),
+                LossType::DrGrpo => 1.0 / (b_n as f32 * k.max_completion_length.unwrap_or(t_n) as f32),
+            }
+        };
+        let seq_log_r: Vec<f32> = (0..b_n)
+            .map(|b| {
+                let num: f32 = (0..t_n).map(|t| {
+                    let i = b * t_n + t;
+                    mask[i] * (stats[i].1 - inputs.old_logp[i])
+                }).sum();
+                num / guard(msum[b])
+            })
+            .collect();
+        let (lo, hi) = (1.0 - k.epsilon_low as f32, 1.0 + k.epsilon_high as f32);
+        let beta = k.beta as f32;
+        let delta = k.delta.map(|d| d as f32);
+        let rows = s.rows();
+        let (mut ptl, mut kl, mut clipped, mut g) = (vec![0f32; rows], vec![0f32; rows], vec![0f32; rows], vec![0f32; rows]);
+        let mut loss = 0f32;
+        let wsum: Vec<f32> = (0..b_n).map(|b| (0..t_n).map(|t| weight(b * t_n + t)).sum()).collect();
+        for i in 0..rows {
+            let b = i / t_n;
+            let a = inputs.advantages[b];
+            let logp = stats[i].1;
+            let log_r = match k.importance_sampling_level {
+                IsLevel::Token => logp - inputs.old_logp[i],
+                IsLevel::Sequence => seq_log_r[b],
+            };
+            let r = log_r.exp();
+            let r_d = delta.map_or(r, |d| r.min(d));
+            let r_c = r.clamp(lo, hi);
+            let pg = -(r_d * a).min(r_c * a);
+            let x = inputs.ref_logp[i] - logp;
+            kl[i] = x.exp() - x - 1.0;
+            ptl[i] = pg + beta * kl[i];
+            clipped[i] = ((r < lo && a < 0.0) || (r > hi && a > 0.0)) as u8 as f32;
+            let w = weight(i);
+            loss += w * ptl[i];
+            let unclip = mu == Some(Mutation::NoClipInGradient)
+                || (r_d * a <= r_c * a && delta.is_none_or(|d| r <= d));
+            let dpg = if unclip { -a * r } else { 0.0 };
+            let dkl = beta * (1.0 - x.exp());
+            g[i] = match k.importance_sampling_level {
+                IsLevel::Token => w * (dpg + dkl),
+                IsLevel::Sequence => wsum[b] * dpg * mask[i] / guard(msum[b]) + w * dkl,
+            };
+        }
+
+        let gscale = if mu == Some(Mutation::NoTemperatureInGradient) { 1.0 } else { inv_tau };
+        let mut dlogits = vec![0f32; rows * v];
+        dlogits.par_chunks_mut(v).enumerate().for_each(|(r, row)| {
+            let z = &inputs.logits[r * v..(r + 1) * v];
+            let y = inputs.chosen_ids[r] as usize;
+            let lse = stats[r].0;
+            for (j, (o, &x)) in row.iter_mut().zip(z).enumerate() {
+                let p = (x * inv_tau - lse).exp();
+                let onehot = if j == y { 1.0 } else { 0.0 };
+                *o = case.dtype.round(g[r] * gscale * (onehot - p));
+            }
+        });
+
+        let bt = vec![b_n, t_n];
+        let mut out = Outputs::default();
+        out.insert(OutputName::Loss, vec![], vec![loss]);
+        out.insert(OutputName::PerTokenLogp, bt.clone(), stats.iter().map(|s| s.1).collect());
+        out.insert(OutputName::PerTokenLoss, bt.clone(), ptl);
+        out.insert(OutputName::Kl, bt.clone(), kl);
+        out.insert(OutputName::Clipped, bt.clone(), clipped);
+        out.insert(OutputName::Entropy, bt, stats.iter().map(|s| s.2).collect());
+        out.insert(OutputName::Dlogits, vec![b_n, t_n, v], dlogits);
+        out
+    }
+}

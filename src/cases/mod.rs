@@ -1,0 +1,155 @@
+//! The case matrix: what one case is, its stable id, and loading the YAML files in `cases/`.
+
+mod axes;
+mod load;
+mod profiles;
+
+pub use axes::{Axes, OneOrMany};
+pub use load::{load_dir, load_file, Matrix, Suite};
+pub use profiles::{AdvPattern, DataProfile, MaskPattern, TierName};
+
+use crate::spec::{DType, IsLevel, Knobs, Level, LogitsDtype};
+use serde::Serialize;
+
+/// Tensor sizes of a case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Shape {
+    /// Batch (sequences).
+    pub b: usize,
+    /// Tokens per sequence.
+    pub t: usize,
+    /// Vocabulary.
+    pub v: usize,
+    /// Hidden size (fused level only).
+    pub h: Option<usize>,
+}
+
+impl Shape {
+    /// Number of token rows, B·T.
+    pub fn rows(&self) -> usize {
+        self.b * self.t
+    }
+}
+
+/// One fully specified case: shape, dtype, knobs, data profile and tolerance tier.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Case {
+    /// Stable, path-like id (see [`Case::make_id`]).
+    pub id: String,
+    /// Logits or fused LM-head level.
+    pub level: Level,
+    /// Sizes.
+    pub shape: Shape,
+    /// dtype of the differentiable input.
+    pub dtype: DType,
+    /// Loss knobs.
+    pub knobs: Knobs,
+    /// How logits (or hidden/lm_head) and old_logp are generated.
+    pub profile: DataProfile,
+    /// Completion-mask pattern.
+    pub mask: MaskPattern,
+    /// Advantage pattern.
+    pub advantages: AdvPattern,
+    /// Tolerance tier the gates apply.
+    pub tier: TierName,
+    /// Suites the case belongs to (`full` is implied for all).
+    pub suites: Vec<Suite>,
+    /// YAML file and group that produced the case.
+    pub origin: String,
+}
+
+fn num(x: f64) -> String {
+    format!("{x}")
+}
+
+impl Case {
+    /// Builds the stable id from the case's contents, e.g.
+    /// `logits/bf16/b1_t2048_v151936/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed`.
+    ///
+    /// Every field that changes the computation appears in the id, so two cases with the
+    /// same id are the same case. Inputs are keyed by this id: changing the format changes
+    /// the generated data (bump [`crate::inputs::GENERATOR_VERSION`] and re-bless).
+    pub fn make_id(&self) -> String {
+        let k = &self.knobs;
+        let level = match self.level {
+            Level::Logits => "logits",
+            Level::Fused => "fused",
+        };
+        let mut dtype = self.dtype.name().to_string();
+        if self.level == Level::Fused && k.logits_dtype == LogitsDtype::Input {
+            dtype.push_str("-inputlogits");
+        }
+        let s = &self.shape;
+        let mut shape = format!("b{}_t{}_v{}", s.b, s.t, s.v);
+        if let Some(h) = s.h {
+            shape.push_str(&format!("_h{h}"));
+        }
+        let mut loss = k.loss_type.name().to_string();
+        if let Some(l) = k.max_completion_length {
+            loss.push_str(&format!("-L{l}"));
+        }
+        if k.importance_sampling_level == IsLevel::Sequence {
+            loss.push_str("-seq");
+        }
+        let mut knobs = format!("beta{}", num(k.beta));
+        if k.temperature != 1.0 {
+            knobs.push_str(&format!("_tau{}", num(k.temperature)));
+        }
+        if let Some(d) = k.delta {
+            knobs.push_str(&format!("_delta{}", num(d)));
+        }
+        format!(
+            "{level}/{dtype}/{shape}/{loss}/eps{}-{}/{knobs}/{}-{}-{}",
+            num(k.epsilon_low),
+            num(k.epsilon_high),
+            self.profile,
+            self.mask.name(),
+            self.advantages.name()
+        )
+    }
+
+    /// Number of elements of the differentiable input(s).
+    pub fn input_elements(&self) -> usize {
+        match self.level {
+            Level::Logits => self.shape.rows() * self.shape.v,
+            Level::Fused => {
+                let h = self.shape.h.unwrap_or(0);
+                self.shape.rows() * h + h * self.shape.v
+            }
+        }
+    }
+
+    /// Checks the combination is meaningful; the message says what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        self.knobs.validate()?;
+        let s = &self.shape;
+        if s.b == 0 || s.t == 0 {
+            return Err(format!("b and t must be >= 1, got b={} t={}", s.b, s.t));
+        }
+        if s.v < 2 {
+            return Err(format!("v must be >= 2, got {}", s.v));
+        }
+        if s.v > i32::MAX as usize {
+            return Err(format!("v={} does not fit chosen_ids (i32)", s.v));
+        }
+        match (self.level, s.h) {
+            (Level::Logits, Some(h)) => {
+                return Err(format!("h={h} is only meaningful at level fused"))
+            }
+            (Level::Fused, None) => return Err("level fused needs h".into()),
+            (Level::Fused, Some(0)) => return Err("h must be >= 1".into()),
+            _ => {}
+        }
+        if self.level == Level::Fused
+            && matches!(self.profile, DataProfile::Spike | DataProfile::RatioEdges)
+        {
+            // spike needs per-logit control; ratio_edges needs per-row branch alternatives,
+            // which fused gradients (summed over rows) cannot carry.
+            return Err(format!("profile {} is logits-level only", self.profile));
+        }
+        if self.level == Level::Logits && self.knobs.logits_dtype == LogitsDtype::Input {
+            return Err("logits_dtype is a fused-level knob".into());
+        }
+        Ok(())
+    }
+}

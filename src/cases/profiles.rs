@@ -1,0 +1,138 @@
+//! Named data patterns of a case: logits profile, mask, advantages, tolerance tier.
+
+use serde::{Deserialize, Serialize, Serializer};
+use std::fmt;
+use std::str::FromStr;
+
+/// How the differentiable input and old_logp are generated (see `inputs`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DataProfile {
+    /// Logits ~ N(0, σ²) (`normal1`, `normal0.01`, ...).
+    Normal(f64),
+    /// All-zero logits (uniform softmax).
+    Zeros,
+    /// N(0,1) logits with +25 on the chosen token (p_y ≈ 1).
+    Spike,
+    /// Magnitudes around 30: ±30 + N(0,1).
+    Large,
+    /// N(0,1) logits; old_logp placed so the ratio sits on 1−ε_low, 1+ε_high and δ.
+    RatioEdges,
+    /// N(0,1) logits; log-ratios of ±20.
+    ExtremeRatio,
+}
+
+impl fmt::Display for DataProfile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataProfile::Normal(s) => write!(f, "normal{s}"),
+            DataProfile::Zeros => f.write_str("zeros"),
+            DataProfile::Spike => f.write_str("spike"),
+            DataProfile::Large => f.write_str("large"),
+            DataProfile::RatioEdges => f.write_str("ratio_edges"),
+            DataProfile::ExtremeRatio => f.write_str("extreme_ratio"),
+        }
+    }
+}
+
+impl FromStr for DataProfile {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "zeros" => DataProfile::Zeros,
+            "spike" => DataProfile::Spike,
+            "large" => DataProfile::Large,
+            "ratio_edges" => DataProfile::RatioEdges,
+            "extreme_ratio" => DataProfile::ExtremeRatio,
+            _ => match s.strip_prefix("normal").map(str::parse::<f64>) {
+                Some(Ok(sigma)) if sigma > 0.0 && sigma.is_finite() => DataProfile::Normal(sigma),
+                _ => {
+                    return Err(format!(
+                        "unknown profile `{s}`, expected normal<sigma> (e.g. normal1), zeros, spike, large, ratio_edges, extreme_ratio"
+                    ))
+                }
+            },
+        })
+    }
+}
+
+macro_rules! string_serde {
+    ($t:ty) => {
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+string_serde!(DataProfile);
+
+macro_rules! named_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum $name { $($(#[$vm])* $v),+ }
+        impl $name {
+            /// Name as written in YAML and case ids.
+            pub fn name(self) -> &'static str { match self { $($name::$v => $s),+ } }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.name()) }
+        }
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($s => Ok($name::$v),)+
+                    _ => Err(format!("unknown {} `{}`, expected one of: {}", stringify!($name), s, [$($s),+].join(", "))),
+                }
+            }
+        }
+        string_serde!($name);
+    };
+}
+
+named_enum!(
+    /// Completion-mask pattern.
+    MaskPattern {
+        /// Every token counts.
+        All = "all",
+        /// Each token kept with probability 0.8.
+        Random = "random",
+        /// Like random, but sequence 0 is entirely masked out.
+        ZeroRow = "zero_row",
+        /// Each sequence starts with a random run of masked tokens.
+        LeftPad = "left_pad",
+        /// Each sequence ends with a random run of masked tokens.
+        RightPad = "right_pad",
+    }
+);
+
+named_enum!(
+    /// Advantage pattern over the batch.
+    AdvPattern {
+        /// N(0,1): both signs.
+        Mixed = "mixed",
+        /// All zero.
+        Zero = "zero",
+        /// All positive.
+        Positive = "positive",
+        /// All negative.
+        Negative = "negative",
+    }
+);
+
+named_enum!(
+    /// Tolerance tier named by a case; numbers live in `gates::tiers`.
+    TierName {
+        /// Default: f32 arithmetic on exact inputs.
+        Standard = "standard",
+        /// Ten times looser, for kernels that trade accuracy (approximate exp, bf16 math).
+        Loose = "loose",
+    }
+);

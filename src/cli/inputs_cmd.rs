@@ -1,0 +1,73 @@
+//! `grpo-suite inputs <case> --out DIR`: a case as .npy files, reproducible in Python.
+
+use anyhow::{Context, Result};
+use grpo_conformance::cases::Case;
+use grpo_conformance::inputs::HostData;
+use grpo_conformance::npy;
+use grpo_conformance::runner::Prepared;
+use grpo_conformance::spec::Level;
+use serde_json::json;
+use std::path::Path;
+
+/// Writes every input and the oracle's outputs (SPEC names) plus `case.json`.
+pub fn write(case: &Case, out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let p = Prepared::new(case);
+    let (inputs, o) = (&p.inputs, &p.oracle);
+    let mut files = serde_json::Map::new();
+    let mut digests = serde_json::Map::new();
+    for t in inputs.tensors(case) {
+        let path = out.join(format!("{}.npy", t.name));
+        match t.data {
+            HostData::Float { values, .. } => npy::write_f32(&path, &t.shape, values)?,
+            HostData::I32(values) => npy::write_i32(&path, &t.shape, values)?,
+        }
+        files.insert(t.name.into(), json!({"shape": t.shape, "dtype": t.dtype_name(), "stored_as": if t.dtype_name() == "i32" {"<i4"} else {"<f4"}}));
+        digests.insert(t.name.into(), json!(t.digest()));
+    }
+    let s = case.shape;
+    let bt = [s.b, s.t];
+    let f = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
+    npy::write_f32(&out.join("loss.npy"), &[], &[o.loss as f32])?;
+    npy::write_f32(&out.join("per_token_logp.npy"), &bt, &f(o.per_token_logp()))?;
+    npy::write_f32(&out.join("per_token_loss.npy"), &bt, &f(&o.per_token_loss))?;
+    npy::write_f32(&out.join("kl.npy"), &bt, &f(&o.kl))?;
+    npy::write_f32(&out.join("entropy.npy"), &bt, &f(o.entropy()))?;
+    npy::write_f32(&out.join("clipped.npy"), &bt, &o.clipped.iter().map(|&c| c as u8 as f32).collect::<Vec<_>>())?;
+    let mut outputs = vec!["loss", "per_token_logp", "per_token_loss", "kl", "entropy", "clipped"];
+    match case.level {
+        Level::Logits => {
+            npy::write_with(&out.join("dlogits.npy"), "<f4", &[s.b, s.t, s.v], |w| {
+                let mut row = vec![0f32; s.v];
+                for r in 0..s.rows() {
+                    o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| row[j] = x as f32);
+                    for x in &row {
+                        w.write_all(&x.to_le_bytes())?;
+                    }
+                }
+                Ok(())
+            })?;
+            outputs.push("dlogits");
+        }
+        Level::Fused => {
+            let g = o.fused_grads(case, inputs);
+            let h = s.h.unwrap_or(0);
+            npy::write_f32(&out.join("dhidden.npy"), &[s.b, s.t, h], &f(&g.dhidden))?;
+            npy::write_f32(&out.join("dlm_head.npy"), &[h, s.v], &f(&g.dlm_head))?;
+            outputs.push("dhidden");
+            outputs.push("dlm_head");
+        }
+    }
+    let meta = json!({
+        "case": case,
+        "inputs": files,
+        "input_digests": digests,
+        "oracle_outputs": outputs,
+        "note": "floats are stored as f32; cast inputs to case.dtype (exact). Oracle outputs are the f64 oracle rounded to f32 (gradients not rounded to the input dtype).",
+        "oracle_version": grpo_conformance::oracle::ORACLE_VERSION,
+        "generator_version": grpo_conformance::inputs::GENERATOR_VERSION,
+    });
+    std::fs::write(out.join("case.json"), serde_json::to_string_pretty(&meta)? + "\n")?;
+    eprintln!("wrote {} inputs and {} oracle outputs to {}", inputs.tensors(case).len(), outputs.len(), out.display());
+    Ok(())
+}

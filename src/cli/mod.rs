@@ -1,0 +1,80 @@
+//! Command-line interface (clap). Each subcommand lives in its own module.
+
+mod golden_cmd;
+mod inputs_cmd;
+mod run_cmd;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use grpo_conformance::cases::{self, Matrix, Suite};
+use std::path::PathBuf;
+
+/// Conformance and performance suite for GRPO loss kernels.
+#[derive(Debug, Parser)]
+#[command(name = "grpo-suite", version, about)]
+pub struct Cli {
+    /// Directory of case YAML files.
+    #[arg(long, global = true, default_value_os_t = grpo_conformance::repo_root().join("cases"))]
+    pub cases: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the case ids of a suite.
+    Cases {
+        /// smoke | ci | nightly | full
+        #[arg(long, default_value = "ci")]
+        suite: Suite,
+        /// Print one JSON object per case instead of ids.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run implementations on a suite's cases and judge them against the oracle.
+    Run(run_cmd::RunArgs),
+    /// Bless (update) or check golden files.
+    Golden {
+        #[command(subcommand)]
+        action: golden_cmd::GoldenAction,
+    },
+    /// Write a case's inputs and the oracle's outputs as .npy files plus case.json.
+    Inputs {
+        /// The case id (see `grpo-suite cases --suite full`).
+        case_id: String,
+        /// Output directory (created).
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// Loads the case matrix.
+pub fn load_matrix(dir: &std::path::Path) -> Result<Matrix> {
+    cases::load_dir(dir).context("loading the case matrix")
+}
+
+/// Runs the parsed command.
+pub fn dispatch(cli: Cli) -> Result<()> {
+    let matrix = load_matrix(&cli.cases)?;
+    match cli.command {
+        Command::Cases { suite, json } => {
+            for c in matrix.suite(suite) {
+                if json {
+                    println!("{}", serde_json::to_string(c)?);
+                } else {
+                    println!("{}", c.id);
+                }
+            }
+            Ok(())
+        }
+        Command::Run(args) => run_cmd::run(&matrix, args),
+        Command::Golden { action } => golden_cmd::run(&matrix, action),
+        Command::Inputs { case_id, out } => {
+            let case = matrix.get(&case_id).with_context(|| {
+                format!("no case `{case_id}` in {} (list them with `grpo-suite cases --suite full`)", cli.cases.display())
+            })?;
+            inputs_cmd::write(case, &out)
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! The one table of tolerances, keyed by (tier, dtype of the differentiable input, output).
+//!
+//! Why these numbers (docs/tolerances.md has the long form):
+//! - Inputs are exact in every dtype, so per-token outputs are f32 arithmetic on exact
+//!   data whatever the input dtype: norm-wise 1e-5, worst element 1e-4 of the largest.
+//!   `floor` adds an absolute allowance proportional to the magnitude each value is
+//!   computed from (the oracle's per-element scale): an f32 kernel cannot resolve an
+//!   entropy of 1e-7 next to a logsumexp of 25. 1e-5 ≈ 170 f32 ulps.
+//! - Gradients come back in the input dtype: bf16 rounding alone is up to 2^-9 ≈ 2e-3 per
+//!   element, f16 2^-11 ≈ 5e-4, so their tiers sit a factor ~4 above that. Their floor
+//!   covers the f32 arithmetic before the rounding, e.g. 1 − p_y when p_y ≈ 1 (see
+//!   `oracle::row::gradient` for the per-element scale).
+//! - `clipped` is exact away from the branch edges (see `oracle::EDGE_BAND`).
+
+use crate::cases::TierName;
+use crate::spec::{DType, OutputName};
+
+/// Bounds of one (tier, dtype, output): pass iff
+/// ‖out−ref‖₂ ≤ norm_rel·‖ref‖₂ + floor·‖scale‖₂ and, for every element,
+/// |out_i−ref_i| ≤ max_rel·‖ref‖∞ + floor·scale_i.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tolerance {
+    /// Norm-wise relative bound.
+    pub norm_rel: f64,
+    /// Worst element, relative to the largest reference magnitude.
+    pub max_rel: f64,
+    /// Absolute allowance per unit of the oracle's error scale.
+    pub floor: f64,
+}
+
+/// Environment variable that multiplies every tolerance (e.g. 0.1 for a stricter run).
+pub const SCALE_ENV: &str = "GRPO_TOL_SCALE";
+
+/// The tolerance of `output` for a case of `dtype` in `tier`.
+pub fn tolerance(tier: TierName, dtype: DType, output: OutputName) -> Tolerance {
+    use OutputName::*;
+    let t = |norm_rel, max_rel, floor| Tolerance { norm_rel, max_rel, floor };
+    let base = match output {
+        Loss => t(1e-5, 1e-5, 1e-5),
+        PerTokenLogp | PerTokenLoss | Kl | Entropy => t(1e-5, 1e-4, 1e-5),
+        Clipped => t(0.0, 0.0, 0.0),
+        Dlogits | Dhidden | DlmHead => match dtype {
+            DType::F32 => t(1e-4, 1e-4, 1e-5),
+            DType::F16 => t(2e-3, 2e-3, 1e-5),
+            DType::Bf16 => t(8e-3, 8e-3, 1e-5),
+        },
+    };
+    let k = match tier {
+        TierName::Standard => 1.0,
+        TierName::Loose => 10.0,
+    } * env_scale();
+    Tolerance { norm_rel: base.norm_rel * k, max_rel: base.max_rel * k, floor: base.floor * k }
+}
+
+fn env_scale() -> f64 {
+    std::env::var(SCALE_ENV)
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|x| *x > 0.0 && x.is_finite())
+        .unwrap_or(1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gradient_tiers_cover_dtype_rounding() {
+        // One rounding of each dtype must fit with room to spare; f32 must stay tight.
+        let bf16_ulp = 2f64.powi(-9);
+        let f16_ulp = 2f64.powi(-11);
+        assert!(tolerance(TierName::Standard, DType::Bf16, OutputName::Dlogits).max_rel > 2.0 * bf16_ulp);
+        assert!(tolerance(TierName::Standard, DType::F16, OutputName::Dlogits).max_rel > 2.0 * f16_ulp);
+        assert!(tolerance(TierName::Standard, DType::F32, OutputName::Dlogits).max_rel < bf16_ulp / 10.0);
+        // Per-token outputs never depend on the input dtype.
+        for o in OutputName::PER_TOKEN {
+            assert_eq!(tolerance(TierName::Standard, DType::Bf16, o), tolerance(TierName::Standard, DType::F32, o));
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Deterministic inputs of a case (SPEC "Inputs"), generated from the case id.
+//!
+//! Values of the differentiable input are stored as f32 that are exactly representable
+//! in the case dtype (bf16/f16 rounding happens once, here), so the oracle and every
+//! backend see the same numbers.
+
+pub mod rng;
+mod tensors;
+
+pub use tensors::{HostData, NamedTensor};
+
+use crate::cases::{AdvPattern, Case, DataProfile, MaskPattern};
+use crate::oracle;
+use crate::spec::{IsLevel, Level};
+use rayon::prelude::*;
+use rng::Stream;
+
+/// Version of the generation rules; part of every golden file's provenance.
+pub const GENERATOR_VERSION: u32 = 1;
+
+/// Added to the chosen logit by the `spike` profile.
+pub const SPIKE: f32 = 25.0;
+/// Standard deviation of the log-ratio noise between old_logp and logp.
+pub const OLD_LOGP_NOISE: f64 = 0.3;
+/// Standard deviation of ref_logp around logp.
+pub const REF_LOGP_NOISE: f64 = 0.1;
+/// Log-ratio magnitude of the `extreme_ratio` profile.
+pub const EXTREME_LOG_RATIO: f64 = 20.0;
+
+/// All inputs of one case.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// [B,T,V] logits (logits level; empty at fused level).
+    pub logits: Vec<f32>,
+    /// [B,T,H] hidden states (fused level; empty at logits level).
+    pub hidden: Vec<f32>,
+    /// [H,V] LM head (fused level; empty at logits level).
+    pub lm_head: Vec<f32>,
+    /// [B,T] chosen token ids in [0, V).
+    pub chosen_ids: Vec<i32>,
+    /// [B,T] behaviour-policy log-probabilities.
+    pub old_logp: Vec<f32>,
+    /// [B,T] reference-policy log-probabilities.
+    pub ref_logp: Vec<f32>,
+    /// [B] advantages.
+    pub advantages: Vec<f32>,
+    /// [B,T] completion mask, 0.0 or 1.0.
+    pub mask: Vec<f32>,
+}
+
+fn fill_par(out: &mut [f32], f: impl Fn(usize) -> f32 + Sync) {
+    const CHUNK: usize = 1 << 16;
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
+        for (j, x) in chunk.iter_mut().enumerate() {
+            *x = f(c * CHUNK + j);
+        }
+    });
+}
+
+impl Inputs {
+    /// Generates every input of `case`. Uses the oracle's forward pass to place old_logp
+    /// and ref_logp relative to the true logp (so ratios sit where the profile wants them).
+    pub fn generate(case: &Case) -> Inputs {
+        let s = case.shape;
+        let rows = s.rows();
+        let id = case.id.as_str();
+        let dt = case.dtype;
+
+        let ids = Stream::new(id, "chosen_ids");
+        let mut chosen_ids: Vec<i32> =
+            (0..rows).map(|i| ids.below(i as u64, s.v as u64) as i32).collect();
+        // Always exercise both ends of the vocabulary (the last, partial tile of a kernel).
+        chosen_ids[0] = (s.v - 1) as i32;
+        if rows > 1 {
+            chosen_ids[1] = 0;
+        }
+
+        let (mut logits, mut hidden, mut lm_head) = (Vec::new(), Vec::new(), Vec::new());
+        let sigma = match case.profile {
+            DataProfile::Normal(sd) => sd,
+            DataProfile::Zeros => 0.0,
+            DataProfile::Large => 30.0,
+            _ => 1.0,
+        };
+        match case.level {
+            Level::Logits => {
+                logits = vec![0f32; rows * s.v];
+                let st = Stream::new(id, "logits");
+                let sg = Stream::new(id, "logits_sign");
+                let v = s.v;
+                let profile = case.profile;
+                let chosen = &chosen_ids;
+                fill_par(&mut logits, |i| {
+                    let x = match profile {
+                        DataProfile::Zeros => 0.0,
+                        DataProfile::Large => {
+                            let sign = if sg.bits(i as u64) & 1 == 0 { 1.0 } else { -1.0 };
+                            sign * 30.0 + st.normal(i as u64)
+                        }
+                        _ => sigma * st.normal(i as u64),
+                    };
+                    let mut x = x as f32;
+                    if profile == DataProfile::Spike && chosen[i / v] as usize == i % v {
+                        x += SPIKE;
+                    }
+                    dt.round(x)
+                });
+            }
+            Level::Fused => {
+                let h = s.h.expect("validated: fused has h");
+                hidden = vec![0f32; rows * h];
+                let sh = Stream::new(id, "hidden");
+                fill_par(&mut hidden, |i| dt.round(sh.normal(i as u64) as f32));
+                lm_head = vec![0f32; h * s.v];
+                let sw = Stream::new(id, "lm_head");
+                let scale = sigma / (h as f64).sqrt();
+                fill_par(&mut lm_head, |i| dt.round((scale * sw.normal(i as u64)) as f32));
+            }
+        }
+
+        let sm = Stream::new(id, "mask");
+        let mut mask = vec![1f32; rows];
+        for b in 0..s.b {
+            let pad = (sm.uniform((rows + b) as u64) * (s.t as f64 / 2.0)).floor() as usize;
+            for t in 0..s.t {
+                let i = b * s.t + t;
+                let keep = match case.mask {
+                    MaskPattern::All => true,
+                    MaskPattern::Random => sm.uniform(i as u64) < 0.8,
+                    MaskPattern::ZeroRow => b != 0 && sm.uniform(i as u64) < 0.8,
+                    MaskPattern::LeftPad => t >= pad,
+                    MaskPattern::RightPad => t < s.t - pad,
+                };
+                mask[i] = if keep { 1.0 } else { 0.0 };
+            }
+        }
+
+        let sa = Stream::new(id, "advantages");
+        let advantages: Vec<f32> = (0..s.b)
+            .map(|b| {
+                let n = sa.normal(b as u64);
+                (match case.advantages {
+                    AdvPattern::Mixed => n,
+                    AdvPattern::Zero => 0.0,
+                    AdvPattern::Positive => n.abs() + 0.1,
+                    AdvPattern::Negative => -(n.abs() + 0.1),
+                }) as f32
+            })
+            .collect();
+
+        let mut inputs = Inputs {
+            logits,
+            hidden,
+            lm_head,
+            chosen_ids,
+            old_logp: vec![0.0; rows],
+            ref_logp: vec![0.0; rows],
+            advantages,
+            mask,
+        };
+        let stats = oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK);
+        let so = Stream::new(id, "old_logp");
+        let sr = Stream::new(id, "ref_logp");
+        let k = &case.knobs;
+        for i in 0..rows {
+            let logp = stats.logp[i];
+            // The sequence index decides the target at sequence level, so that every
+            // token of a sequence shares it and the masked mean lands on it exactly.
+            let j = match k.importance_sampling_level {
+                IsLevel::Token => i,
+                IsLevel::Sequence => i / s.t,
+            };
+            let log_r = match case.profile {
+                DataProfile::RatioEdges => edge_targets(k)[j % 7].ln(),
+                DataProfile::ExtremeRatio => {
+                    if j % 2 == 0 {
+                        EXTREME_LOG_RATIO
+                    } else {
+                        -EXTREME_LOG_RATIO
+                    }
+                }
+                _ => OLD_LOGP_NOISE * so.normal(i as u64),
+            };
+            inputs.old_logp[i] = (logp - log_r) as f32;
+            inputs.ref_logp[i] = (logp + REF_LOGP_NOISE * sr.normal(i as u64)) as f32;
+        }
+        inputs
+    }
+
+    /// Every input as a named tensor, in SPEC order (level-dependent).
+    pub fn tensors<'a>(&'a self, case: &Case) -> Vec<NamedTensor<'a>> {
+        let s = case.shape;
+        let (b, t) = (s.b, s.t);
+        let mut out = Vec::new();
+        match case.level {
+            Level::Logits => out.push(NamedTensor::float("logits", vec![b, t, s.v], &self.logits, case.dtype)),
+            Level::Fused => {
+                let h = s.h.unwrap_or(0);
+                out.push(NamedTensor::float("hidden", vec![b, t, h], &self.hidden, case.dtype));
+                out.push(NamedTensor::float("lm_head", vec![h, s.v], &self.lm_head, case.dtype));
+            }
+        }
+        out.push(NamedTensor { name: "chosen_ids", shape: vec![b, t], data: HostData::I32(&self.chosen_ids) });
+        out.push(NamedTensor::f32("old_logp", vec![b, t], &self.old_logp));
+        out.push(NamedTensor::f32("ref_logp", vec![b, t], &self.ref_logp));
+        out.push(NamedTensor::f32("advantages", vec![b], &self.advantages));
+        out.push(NamedTensor::f32("mask", vec![b, t], &self.mask));
+        out
+    }
+}
+
+/// The seven ratio targets of the `ratio_edges` profile: each clip edge and δ exactly,
+/// and each clip edge nudged by ±0.1% to either side (unambiguous branches).
+pub fn edge_targets(k: &crate::spec::Knobs) -> [f64; 7] {
+    let lo = 1.0 - k.epsilon_low;
+    let hi = 1.0 + k.epsilon_high;
+    [lo, hi, k.delta.unwrap_or(1.0), lo * 0.999, lo * 1.001, hi * 0.999, hi * 1.001]
+}

@@ -1,0 +1,29 @@
+//! grpo-conformance: a conformance and performance suite for GRPO loss kernels.
+//!
+//! Layout: [`spec`] (the contract's vocabulary), [`cases`] (the YAML matrix), [`inputs`]
+//! (deterministic data), [`oracle`] (f64 reference), [`gates`] (tolerances),
+//! [`golden`] (stored oracle digests), [`backend`] (where implementations run),
+//! [`runner`] (one trial), [`records`] (JSONL results), [`npy`] (files for Python).
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod cases;
+pub mod gates;
+pub mod golden;
+pub mod inputs;
+pub mod npy;
+pub mod oracle;
+pub mod outputs;
+pub mod records;
+pub mod runner;
+pub mod spec;
+
+use std::path::PathBuf;
+
+/// The repository root (where `cases/`, `golden/`, `configs/` live): `GRPO_ROOT` if set,
+/// else the crate directory this binary was built from.
+pub fn repo_root() -> PathBuf {
+    std::env::var_os("GRPO_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}

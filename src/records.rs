@@ -1,0 +1,72 @@
+//! JSONL records: one line per trial, written and flushed as soon as the trial ends, so
+//! nothing is lost if a long run crashes.
+
+use crate::runner::TrialOutcome;
+use anyhow::{Context, Result};
+use serde::Serialize;
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// An append-only JSONL file.
+pub struct RecordWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+/// One line of a record file.
+#[derive(Debug, Serialize)]
+pub struct Record<'a> {
+    /// Seconds since the Unix epoch when the trial ended.
+    pub unix_time: u64,
+    /// Suite the run selected.
+    pub suite: &'a str,
+    /// Host name, to tell machines apart.
+    pub host: String,
+    /// The trial.
+    #[serde(flatten)]
+    pub outcome: &'a TrialOutcome,
+    /// Oracle version.
+    pub oracle_version: u32,
+    /// Input generator version.
+    pub generator_version: u32,
+}
+
+impl RecordWriter {
+    /// Creates (or appends to) `path`, creating its directory.
+    pub fn open(path: &Path) -> Result<RecordWriter> {
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+        }
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open record file {}", path.display()))?;
+        Ok(RecordWriter { path: path.to_path_buf(), out: BufWriter::new(f) })
+    }
+
+    /// The file written to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one trial and flushes.
+    pub fn write(&mut self, suite: &str, outcome: &TrialOutcome) -> Result<()> {
+        let rec = Record {
+            unix_time: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            suite,
+            host: std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default(),
+            outcome,
+            oracle_version: crate::oracle::ORACLE_VERSION,
+            generator_version: crate::inputs::GENERATOR_VERSION,
+        };
+        serde_json::to_writer(&mut self.out, &rec)?;
+        self.out.write_all(b"\n")?;
+        self.out.flush()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+//! The conformance harness (libtest-mimic): one trial per (backend, implementation, case),
+//! named `backend/implementation/case-id`, so `cargo test --test conformance -- bf16`
+//! slices the matrix. Also:
+//! - `golden/<case-id>`: the oracle re-derived now matches the stored golden file
+//!   (`GRPO_BLESS=1` rewrites them instead);
+//! - `should-fail/<mutation>`: a deliberately wrong implementation must fail at least one
+//!   case of the suite: an unexpected pass is a failure of the harness.
+//!
+//! The suite is `ci` unless `GRPO_SUITE` says otherwise (`smoke`, `nightly`, `full`).
+
+use grpo_conformance::backend::{self, Backend, Mutation, NaiveF32, RunOptions};
+use grpo_conformance::cases::{self, Case, Suite};
+use grpo_conformance::golden::{self, Check, BLESS_ENV};
+use grpo_conformance::runner::{run_trial, CaseCache, Verdict};
+use grpo_conformance::{gates, repo_root};
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::sync::Arc;
+
+fn main() {
+    let args = Arguments::from_args();
+    let suite: Suite = match std::env::var("GRPO_SUITE").as_deref().unwrap_or("ci").parse() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: GRPO_SUITE: {e}");
+            std::process::exit(2);
+        }
+    };
+    let matrix = match cases::load_dir(&repo_root().join("cases")) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    let cases: Vec<Arc<Case>> = matrix.suite(suite).into_iter().cloned().map(Arc::new).collect();
+    let cache = Arc::new(CaseCache::default());
+    let (backends, unavailable) = backend::available();
+    let backends: Vec<Arc<dyn Backend>> = backends.into_iter().map(Arc::from).collect();
+    let mut trials = Vec::new();
+
+    for b in &backends {
+        for imp in b.implementations() {
+            for c in &cases {
+                let name = format!("{}/{imp}/{}", b.name(), c.id);
+                if let Err(reason) = b.supports(&imp, c) {
+                    trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true).with_kind(reason));
+                    continue;
+                }
+                cache.expect(c, 1);
+                let (b, c, cache, imp) = (b.clone(), c.clone(), cache.clone(), imp.clone());
+                trials.push(Trial::test(name, move || {
+                    let prep = cache.get(&c);
+                    let o = run_trial(b.as_ref(), &imp, &c, &prep, &RunOptions { warmup: 0, repeats: 0 });
+                    cache.done(&c);
+                    match o.verdict {
+                        Verdict::Pass => Ok(()),
+                        _ => Err(Failed::from(o.failure_text())),
+                    }
+                }));
+            }
+        }
+    }
+    for (name, why) in unavailable {
+        trials.push(Trial::test(format!("{name}/unavailable"), || Ok(())).with_ignored_flag(true).with_kind(why));
+    }
+
+    let bless = std::env::var(BLESS_ENV).is_ok_and(|v| v == "1");
+    let gdir = repo_root().join("golden");
+    for c in &cases {
+        cache.expect(c, 1);
+        let (c, cache, gdir) = (c.clone(), cache.clone(), gdir.clone());
+        trials.push(Trial::test(format!("golden/{}", c.id), move || {
+            let prep = cache.get(&c);
+            let res = if bless {
+                golden::store(&golden::path(&gdir, &c), &golden::compute(&c, &prep.inputs, &prep.oracle)).map(|_| Check::Match)
+            } else {
+                golden::check(&gdir, &c, &prep.inputs, &prep.oracle)
+            };
+            cache.done(&c);
+            match res {
+                Ok(Check::Match) => Ok(()),
+                Ok(Check::Mismatch(d)) => Err(format!("{}\n{}", d.join("\n"), golden::BLESS_HINT).into()),
+                Err(e) => Err(format!("{e:#}").into()),
+            }
+        }));
+    }
+
+    // Deliberately wrong implementations must be caught somewhere in the suite.
+    if suite != Suite::Nightly {
+        for m in Mutation::ALL {
+            let cases = cases.clone();
+            trials.push(Trial::test(format!("should-fail/naive_f32+{m:?}"), move || {
+                let imp = NaiveF32 { mutation: Some(m) };
+                for c in cases.iter().filter(|c| imp.supports(c).is_ok()) {
+                    let inputs = grpo_conformance::inputs::Inputs::generate(c);
+                    let oracle = grpo_conformance::oracle::Oracle::new(c, &inputs);
+                    let reports = gates::judge(c, &inputs, &oracle, &imp.run(c, &inputs));
+                    if let Some(r) = reports.iter().find(|r| !r.passed) {
+                        eprintln!("caught on {}: {}", c.id, r.message);
+                        return Ok(());
+                    }
+                }
+                Err(format!("flagged as should-fail but it passed every case of the suite ({m:?})").into())
+            }));
+        }
+    }
+
+    libtest_mimic::run(&args, trials).exit();
+}
