@@ -5,7 +5,7 @@ mod load;
 mod profiles;
 
 pub use axes::{Axes, OneOrMany};
-pub use load::{load_dir, load_file, Matrix, Suite};
+pub use load::{load_dir, load_file, parse, Matrix, Suite};
 pub use profiles::{AdvPattern, DataProfile, MaskPattern, TierName};
 
 use crate::spec::{DType, IsLevel, Knobs, Level, LogitsDtype};

@@ -1,0 +1,171 @@
+"""Exporter CLI: JSON requests in, cached StableHLO artifacts out.
+
+    python -m grpo_jax.export --requests REQ.jsonl --cache-dir DIR
+    python -m grpo_jax.export --list-impls
+
+Reads one JSON request per line (``-`` = stdin; blank lines skipped) and prints exactly one
+JSON result line per request on stdout, in order, flushed after each. Anything else the
+libraries print goes to stderr. A bad request yields an ``error`` line; the batch goes on.
+
+Result: {"status":"ok","key","dir","manifest","cached"} | {"status":"unsupported","reason"}
+      | {"status":"error","message","detail"}.
+Artifacts: ``<dir>/module.mlirbc`` (``Exported.mlir_module_serialized``: StableHLO portable
+bytecode, one platform, unused arguments dropped) and ``<dir>/manifest.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import IO, Callable, Iterable, NamedTuple, Optional
+
+from . import cache
+from .spec import (Knobs, Problem, dtype_name, input_specs, normalize_request, output_specs,
+                   problem_of)
+
+
+class Built(NamedTuple):
+    """A request resolved against the registry."""
+
+    norm: dict            # the normalized request, impl_options with defaults merged
+    impl: "Implementation"  # noqa: F821
+    problem: Problem
+    fn: Optional[Callable]  # None when unsupported
+    reason: Optional[str]   # the unsupported reason, else None
+
+
+def build_function(norm: dict) -> Built:
+    """Look the implementation up, resolve its options, check support, build ``fn``."""
+    from .impls import get
+    impl = get(norm["impl"])
+    problem = problem_of(norm)
+    knobs = Knobs.from_json(norm["knobs"])
+    options = impl.resolve_options(norm["impl_options"])
+    norm = {**norm, "impl_options": options}
+    reason = impl.support_reason(problem, knobs, options)
+    if reason is not None:
+        return Built(norm, impl, problem, None, reason)
+    return Built(norm, impl, problem, impl.build(problem, knobs, options), None)
+
+
+def export_function(fn, problem):
+    """``jax.export`` of ``fn`` for the problem's single platform."""
+    import jax
+    args = [s.struct() for s in input_specs(problem)]
+    return jax.export.export(jax.jit(fn), platforms=[problem.platform])(*args)
+
+
+def manifest_for(norm: dict, key: str, exported) -> dict:
+    """The manifest of an exported case; checks the module's avals against the SPEC names."""
+    problem = problem_of(norm)
+    ins, outs = input_specs(problem), output_specs(problem)
+    _check_avals("input", ins, exported.in_avals)
+    _check_avals("output", outs, exported.out_avals)
+    kept = list(exported.module_kept_var_idx)
+    jax_v, jaxlib_v = cache.versions()
+    return {
+        "impl": norm["impl"], "level": norm["level"], "platform": norm["platform"],
+        "jax_version": jax_v, "jaxlib_version": jaxlib_v,
+        "source_hash": cache.source_hash(), "key": key, "request": norm,
+        "inputs": [ins[i].to_json() for i in kept],
+        "outputs": [o.to_json() for o in outs],
+    }
+
+
+def _check_avals(kind: str, specs, avals) -> None:
+    got = [(tuple(a.shape), dtype_name(a.dtype)) for a in avals]
+    want = [(tuple(s.shape), s.dtype) for s in specs]
+    if got != want:
+        raise RuntimeError(f"exported {kind}s {got} differ from the SPEC's {want}")
+
+
+def handle_request(req, cache_dir: Path) -> dict:
+    """One request -> one result dict (never raises for a bad request)."""
+    try:
+        cache_dir = Path(cache_dir).absolute()
+        built = build_function(normalize_request(req))
+        if built.fn is None:
+            return {"status": "unsupported", "reason": f"{built.impl.id}: {built.reason}"}
+        norm = built.norm
+        key = cache.cache_key(norm)
+        entry = cache_dir / key
+        manifest = cache.lookup(cache_dir, key)
+        if manifest is not None:
+            return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": True}
+        exported = export_function(built.fn, built.problem)
+        manifest = manifest_for(norm, key, exported)
+        cache.store(cache_dir, key, exported.mlir_module_serialized, manifest)
+        return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": False}
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a result line
+        message = " ".join(f"{type(exc).__name__}: {exc}".split())
+        return {"status": "error", "message": message[:2000], "detail": traceback.format_exc()}
+
+
+def run_batch(lines: Iterable[str], cache_dir: Path, out: IO[str]) -> int:
+    """Handle every non-blank line; returns the number of non-ok results."""
+    bad = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+        except ValueError as exc:
+            result = {"status": "error", "message": f"invalid JSON: {exc}",
+                      "detail": traceback.format_exc()}
+        else:
+            result = handle_request(req, cache_dir)
+        bad += result["status"] != "ok"
+        out.write(json.dumps(result) + "\n")
+        out.flush()
+    return bad
+
+
+def list_impls() -> list[dict]:
+    """Registry summary (ids, capabilities, default options) as JSON-able dicts."""
+    from .impls import IMPLEMENTATIONS
+    rows = []
+    for impl in IMPLEMENTATIONS.values():
+        caps = {k: (sorted(v) if isinstance(v, frozenset) else v)
+                for k, v in vars(impl.capabilities).items()}
+        rows.append({"id": impl.id, "description": impl.description, "capabilities": caps,
+                     "default_options": dict(impl.default_options)})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_jax.export", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", help="JSONL file of requests ('-' for stdin)")
+    parser.add_argument("--cache-dir", help="artifact cache directory")
+    parser.add_argument("--list-impls", action="store_true", help="print the registry as JSON")
+    args = parser.parse_args(argv)
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # keep stray prints out of the result stream
+    try:
+        if args.list_impls:
+            real_stdout.write(json.dumps(list_impls()) + "\n")
+            return 0
+        if not args.requests or not args.cache_dir:
+            parser.error("--requests and --cache-dir are required")
+        cache_dir = Path(args.cache_dir)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        if args.requests == "-":
+            run_batch(sys.stdin, cache_dir, real_stdout)
+        else:
+            with open(args.requests) as f:
+                run_batch(f, cache_dir, real_stdout)
+        real_stdout.flush()
+        return 0
+    except BrokenPipeError:  # the reader went away: nothing left to report to
+        os.dup2(os.open(os.devnull, os.O_WRONLY), real_stdout.fileno())
+        return 1
+    finally:
+        sys.stdout = real_stdout
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""``jax_baseline``: the seeds' pure-JAX reference (no kernels).
+
+logits -> f32 -> / temperature -> ``jax.nn.log_softmax`` -> gather chosen ids -> GRPO
+(``grpo_math``), differentiated by ``jax.value_and_grad`` w.r.t. the logits (logits level)
+or w.r.t. hidden and lm_head (fused level, logits = hidden @ lm_head accumulated in f32,
+optionally rounded to the input dtype when ``logits_dtype == "input"``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+
+from ..spec import Knobs, Problem
+from . import grpo_math
+from .interface import Capabilities, Implementation
+
+f32 = jnp.float32
+
+
+def logp_and_entropy(z, chosen_ids, temperature: float):
+    """Per-token log-prob of the chosen ids (differentiable) and entropy (no gradient)."""
+    s = z.astype(f32) / temperature
+    logp_all = jax.nn.log_softmax(s, axis=-1)
+    logp = jnp.take_along_axis(logp_all, chosen_ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    lp = jax.lax.stop_gradient(logp_all)
+    entropy = -jnp.sum(jnp.exp(lp) * lp, axis=-1)
+    return logp, entropy
+
+
+def _loss_from_logits(z, chosen_ids, old_logp, ref_logp, advantages, mask, k: Knobs):
+    logp, entropy = logp_and_entropy(z, chosen_ids, k.temperature)
+    loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
+    aux["per_token_logp"] = jax.lax.stop_gradient(logp)
+    aux["entropy"] = entropy
+    return loss, aux
+
+
+def _metrics(aux):
+    return (aux["per_token_logp"], aux["per_token_loss"], aux["kl"], aux["clipped"], aux["entropy"])
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def round_to(z, dtype):
+    """f32 ``z`` rounded to ``dtype``'s precision and range, kept in f32.
+
+    ``lax.reduce_precision`` rather than ``astype(dtype).astype(f32)``: XLA may drop such a
+    convert round trip (``xla_allow_excess_precision``), and did so on CPU inside the fused
+    value_and_grad graph. The gradient passes straight through (SPEC's dlogits is unrounded).
+    """
+    info = jnp.finfo(dtype)
+    if info.bits >= 32:
+        return z
+    return jax.lax.reduce_precision(z, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
+@round_to.defjvp
+def _round_to_jvp(dtype, primals, tangents):
+    return round_to(primals[0], dtype), tangents[0]
+
+
+def fused_logits(hidden, lm_head, logits_dtype: str):
+    """hidden @ lm_head accumulated in f32; rounded to the input dtype if asked."""
+    z = jnp.einsum("bth,hv->btv", hidden, lm_head, preferred_element_type=f32)
+    if logits_dtype == "input":
+        z = round_to(z, hidden.dtype)
+    return z
+
+
+def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+    """The case's function: all SPEC inputs in order -> (loss, metrics..., gradients...)."""
+    del options  # no options
+    if problem.level == "logits":
+        def loss_fn(logits, chosen_ids, old_logp, ref_logp, advantages, mask):
+            return _loss_from_logits(logits, chosen_ids, old_logp, ref_logp, advantages, mask, k)
+
+        def fn(logits, chosen_ids, old_logp, ref_logp, advantages, mask):
+            (loss, aux), dlogits = jax.value_and_grad(loss_fn, has_aux=True)(
+                logits, chosen_ids, old_logp, ref_logp, advantages, mask)
+            return (loss, *_metrics(aux), dlogits)
+        return fn
+
+    def loss_fn_fused(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
+        z = fused_logits(hidden, lm_head, k.logits_dtype)
+        return _loss_from_logits(z, chosen_ids, old_logp, ref_logp, advantages, mask, k)
+
+    def fn_fused(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
+        (loss, aux), (dh, dw) = jax.value_and_grad(loss_fn_fused, argnums=(0, 1), has_aux=True)(
+            hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask)
+        return (loss, *_metrics(aux), dh, dw)
+    return fn_fused
+
+
+IMPLEMENTATION = Implementation(
+    id="jax_baseline",
+    description="pure JAX: f32 log_softmax + gather, jax.value_and_grad (the seeds' reference)",
+    build=build,
+    capabilities=Capabilities(),  # every level, dtype, platform and knob
+    default_options={},
+)

@@ -1,0 +1,84 @@
+"""What an implementation declares: an id, a builder, its capabilities and its options.
+
+A builder has the signature ``build(problem, knobs, options) -> fn`` where ``fn`` takes
+every input of ``spec.input_specs(problem)`` positionally (SPEC order) and returns the
+tuple of ``spec.output_specs(problem)`` (loss, per-token metrics, gradients). ``fn`` must
+be jit-traceable; the exporter wraps it in ``jax.jit`` and ``jax.export``.
+
+``support_reason`` answers "can this implementation run this case?" with ``None`` (yes)
+or a human-readable reason (the exporter then reports ``unsupported``, never an error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from ..spec import (INPUT_DTYPES, IS_LEVELS, LEVELS, LOGITS_DTYPES, LOSS_TYPES, PLATFORMS,
+                    Knobs, Problem, RequestError)
+
+Builder = Callable[[Problem, Knobs, Mapping[str, Any]], Callable[..., tuple]]
+# Optional extra check: returns an "unsupported" reason or None; may raise RequestError
+# for option values that are invalid (rather than merely unsupported).
+ExtraCheck = Callable[[Problem, Knobs, Mapping[str, Any]], Optional[str]]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """The cases an implementation handles. Anything outside is reported unsupported."""
+
+    levels: frozenset = frozenset(LEVELS)
+    dtypes: frozenset = frozenset(INPUT_DTYPES)
+    platforms: frozenset = frozenset(PLATFORMS)
+    loss_types: frozenset = frozenset(LOSS_TYPES)
+    importance_sampling_levels: frozenset = frozenset(IS_LEVELS)
+    logits_dtypes: frozenset = frozenset(LOGITS_DTYPES)  # fused level only
+    delta: bool = True          # a set ``delta`` knob
+    beta: bool = True           # beta != 0 (the KL term)
+    temperature: bool = True    # temperature != 1
+
+    def reason(self, p: Problem, k: Knobs) -> Optional[str]:
+        """None if the case is inside these capabilities, else why not."""
+        checks = [
+            (p.level in self.levels, f"level {p.level!r}"),
+            (p.dtype in self.dtypes, f"dtype {p.dtype!r}"),
+            (p.platform in self.platforms, f"platform {p.platform!r}"),
+            (k.loss_type in self.loss_types, f"loss_type {k.loss_type!r}"),
+            (k.importance_sampling_level in self.importance_sampling_levels,
+             f"importance_sampling_level {k.importance_sampling_level!r}"),
+            (p.level != "fused" or k.logits_dtype in self.logits_dtypes,
+             f"logits_dtype {k.logits_dtype!r}"),
+            (self.delta or k.delta is None, "delta (ratio cap)"),
+            (self.beta or k.beta == 0, "beta != 0 (KL term)"),
+            (self.temperature or k.temperature == 1.0, "temperature != 1"),
+        ]
+        missing = [what for ok, what in checks if not ok]
+        return f"not supported: {', '.join(missing)}" if missing else None
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One implementation under test (an entry of ``registry.IMPLEMENTATIONS``)."""
+
+    id: str
+    description: str
+    build: Builder
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    default_options: Mapping[str, Any] = field(default_factory=dict)
+    extra_check: Optional[ExtraCheck] = None
+
+    def resolve_options(self, options: Mapping[str, Any]) -> dict:
+        """Defaults merged with the request's ``impl_options``; unknown keys are errors."""
+        unknown = sorted(set(options) - set(self.default_options))
+        if unknown:
+            raise RequestError(
+                f"unknown impl_options for {self.id}: {unknown} "
+                f"(known: {sorted(self.default_options)})")
+        return {**self.default_options, **options}
+
+    def support_reason(self, p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[str]:
+        """None when this implementation runs the case, else the unsupported reason."""
+        reason = self.capabilities.reason(p, k)
+        if reason is None and self.extra_check is not None:
+            reason = self.extra_check(p, k, options)
+        return reason
