@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod cases;
+pub mod config;
 pub mod gates;
 pub mod golden;
 pub mod inputs;

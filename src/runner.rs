@@ -43,6 +43,8 @@ pub struct TrialOutcome {
     pub timing: Option<Timing>,
     /// Memory, when reported.
     pub memory: Option<Memory>,
+    /// Compiler cost analysis, when reported.
+    pub cost: Option<std::collections::BTreeMap<String, f64>>,
     /// Wall time of the whole trial (inputs, oracle, run, gates), seconds.
     pub wall_s: f64,
 }
@@ -135,6 +137,7 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
         gates: Vec::new(),
         timing: None,
         memory: None,
+        cost: None,
         wall_s: 0.0,
     };
     if let Err(reason) = backend.supports(implementation, case) {
@@ -147,6 +150,7 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
             out.gates = gates::judge(case, &prep.inputs, &prep.oracle, &res.outputs);
             out.timing = res.timing;
             out.memory = res.memory;
+            out.cost = res.cost;
             if out.gates.iter().any(|g| !g.passed) {
                 out.verdict = Verdict::Fail;
             }

@@ -10,6 +10,7 @@
 
 use grpo_conformance::backend::{self, Backend, Mutation, NaiveF32, RunOptions};
 use grpo_conformance::cases::{self, Case, Suite};
+use grpo_conformance::config::Config;
 use grpo_conformance::golden::{self, Check, BLESS_ENV};
 use grpo_conformance::runner::{run_trial, CaseCache, Verdict};
 use grpo_conformance::{gates, repo_root};
@@ -34,9 +35,31 @@ fn main() {
     };
     let cases: Vec<Arc<Case>> = matrix.suite(suite).into_iter().cloned().map(Arc::new).collect();
     let cache = Arc::new(CaseCache::default());
-    let (backends, unavailable) = backend::available();
+    let config = match std::env::var_os("GRPO_CONFIG") {
+        Some(p) => Config::load(std::path::Path::new(&p)),
+        None => Config::load_default(),
+    };
+    let config = config.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    });
+    let (backends, unavailable) = backend::available(&config);
+    // GRPO_REQUIRE_BACKENDS=a,b turns "unavailable" into a failing trial (CI sets it, so a
+    // broken set-up can never pass as a run of ignored trials).
+    let required: Vec<String> = std::env::var("GRPO_REQUIRE_BACKENDS")
+        .map(|s| s.split(',').filter(|x| !x.is_empty()).map(String::from).collect())
+        .unwrap_or_default();
     let backends: Vec<Arc<dyn Backend>> = backends.into_iter().map(Arc::from).collect();
     let mut trials = Vec::new();
+    for b in &backends {
+        let work: Vec<(String, Arc<Case>)> =
+            b.implementations().into_iter().flat_map(|i| cases.iter().map(move |c| (i.clone(), c.clone()))).collect();
+        let refs: Vec<(&str, &Case)> = work.iter().map(|(i, c)| (i.as_str(), c.as_ref())).collect();
+        if let Err(e) = b.prepare(&refs) {
+            let msg = format!("{e:#}");
+            trials.push(Trial::test(format!("{}/prepare", b.name()), move || Err(msg.into())));
+        }
+    }
 
     for b in &backends {
         for imp in b.implementations() {
@@ -61,7 +84,11 @@ fn main() {
         }
     }
     for (name, why) in unavailable {
-        trials.push(Trial::test(format!("{name}/unavailable"), || Ok(())).with_ignored_flag(true).with_kind(why));
+        if required.contains(&name) {
+            trials.push(Trial::test(format!("{name}/available"), move || Err(format!("required backend unavailable: {why}").into())));
+        } else {
+            trials.push(Trial::test(format!("{name}/unavailable"), || Ok(())).with_ignored_flag(true).with_kind(why));
+        }
     }
 
     let bless = std::env::var(BLESS_ENV).is_ok_and(|v| v == "1");

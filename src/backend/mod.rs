@@ -4,6 +4,7 @@
 //! reason, never a pass).
 
 mod naive;
+pub mod pjrt;
 mod reference;
 
 pub use naive::{Mutation, NaiveF32};
@@ -58,6 +59,8 @@ pub struct RunResult {
     pub timing: Option<Timing>,
     /// Memory, when the backend reports it.
     pub memory: Option<Memory>,
+    /// Compiler cost analysis (flops, transcendentals, bytes accessed), when available.
+    pub cost: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 /// How a run is measured.
@@ -96,8 +99,23 @@ pub trait Backend: Send + Sync {
     fn run(&self, implementation: &str, case: &Case, inputs: &Inputs, opts: &RunOptions) -> anyhow::Result<RunResult>;
 }
 
-/// Every backend compiled into this build that is available on this machine, with the
+/// Backend names a configuration may use.
+pub const KNOWN: [&str; 2] = ["reference", "pjrt-cpu"];
+
+/// The backends a configuration names that are available on this machine, and the
 /// reason for each one that is not.
-pub fn available() -> (Vec<Box<dyn Backend>>, Vec<(String, String)>) {
-    (vec![Box::new(ReferenceBackend::default())], Vec::new())
+pub fn available(config: &crate::config::Config) -> (Vec<Box<dyn Backend>>, Vec<(String, String)>) {
+    let mut ok: Vec<Box<dyn Backend>> = Vec::new();
+    let mut missing = Vec::new();
+    for (name, cfg) in &config.backends {
+        match name.as_str() {
+            "reference" => ok.push(Box::new(ReferenceBackend::new(cfg))),
+            "pjrt-cpu" => match pjrt::PjrtBackend::cpu(cfg) {
+                Ok(b) => ok.push(Box::new(b)),
+                Err(e) => missing.push((name.clone(), format!("{e:#}"))),
+            },
+            other => missing.push((other.to_string(), "unknown backend".into())),
+        }
+    }
+    (ok, missing)
 }

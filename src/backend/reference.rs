@@ -11,8 +11,23 @@ use crate::spec::{Level, OutputName};
 use std::time::Instant;
 
 /// The oracle and the naive f32 implementation, in process.
-#[derive(Debug, Default)]
-pub struct ReferenceBackend;
+#[derive(Debug)]
+pub struct ReferenceBackend {
+    impls: Vec<String>,
+}
+
+impl Default for ReferenceBackend {
+    fn default() -> Self {
+        ReferenceBackend { impls: vec!["oracle".into(), "naive_f32".into()] }
+    }
+}
+
+impl ReferenceBackend {
+    /// The implementations the config enables (of `oracle`, `naive_f32`).
+    pub fn new(cfg: &crate::config::BackendConfig) -> Self {
+        ReferenceBackend { impls: cfg.enabled().into_iter().map(|c| c.id).collect() }
+    }
+}
 
 /// The oracle's outputs as an implementation would return them.
 pub fn oracle_outputs(case: &Case, inputs: &Inputs, o: &Oracle) -> Outputs {
@@ -53,7 +68,7 @@ impl Backend for ReferenceBackend {
     }
 
     fn implementations(&self) -> Vec<String> {
-        vec!["oracle".into(), "naive_f32".into()]
+        self.impls.clone()
     }
 
     fn supports(&self, implementation: &str, case: &Case) -> Result<(), String> {
@@ -79,6 +94,6 @@ impl Backend for ReferenceBackend {
             outputs = once()?;
             timing.runs_s.push(t0.elapsed().as_secs_f64());
         }
-        Ok(RunResult { outputs, timing: Some(timing), memory: None })
+        Ok(RunResult { outputs, timing: (opts.repeats > 0).then_some(timing), memory: None, cost: None })
     }
 }

@@ -24,12 +24,15 @@ pub struct RunArgs {
     /// Only cases whose id contains this.
     #[arg(long)]
     pub filter: Option<String>,
-    /// Timed executions per trial (after warm-up).
-    #[arg(long, default_value_t = 3)]
-    pub repeats: usize,
-    /// Untimed warm-up executions.
-    #[arg(long, default_value_t = 1)]
-    pub warmup: usize,
+    /// Run configuration (backends, implementations, options, repetitions).
+    #[arg(long, default_value_os_t = grpo_conformance::repo_root().join(grpo_conformance::config::DEFAULT_CONFIG))]
+    pub config: PathBuf,
+    /// Timed executions per trial (after warm-up); default from the config.
+    #[arg(long)]
+    pub repeats: Option<usize>,
+    /// Untimed warm-up executions; default from the config.
+    #[arg(long)]
+    pub warmup: Option<usize>,
     /// JSONL record file (default: records/<suite>-<unix time>.jsonl).
     #[arg(long)]
     pub records: Option<PathBuf>,
@@ -46,7 +49,8 @@ fn fmt_s(s: Option<f64>) -> String {
 
 /// Runs the trials.
 pub fn run(matrix: &Matrix, args: RunArgs) -> Result<()> {
-    let (all, unavailable) = backend::available();
+    let config = grpo_conformance::config::Config::load(&args.config)?;
+    let (all, unavailable) = backend::available(&config);
     for (name, why) in &unavailable {
         eprintln!("note: backend {name} unavailable: {why}");
     }
@@ -70,7 +74,7 @@ pub fn run(matrix: &Matrix, args: RunArgs) -> Result<()> {
     if cases.is_empty() {
         bail!("no case of suite {} matches the filter", args.suite);
     }
-    let opts = RunOptions { warmup: args.warmup, repeats: args.repeats };
+    let opts = RunOptions { warmup: args.warmup.unwrap_or(config.warmup), repeats: args.repeats.unwrap_or(config.repeats) };
     let mut plan = Vec::new();
     for b in &backends {
         let impls: Vec<String> =

@@ -201,9 +201,19 @@ pub fn judge(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs) -> Ve
         if name == OutputName::Kl && case.knobs.beta == 0.0 {
             // Not judged: with β = 0 ref_logp is unread, kl is whatever the kernel writes,
             // but it must still be finite.
-            if let Some(i) = t.data.iter().position(|x| !x.is_finite()) {
-                reports.push(fail(name, tier, format!("non-finite value at {} (β = 0)", index(&shape, i))));
-            }
+            reports.push(match t.data.iter().position(|x| !x.is_finite()) {
+                Some(i) => fail(name, tier, format!("non-finite value at {} (β = 0)", index(&shape, i))),
+                None => GateReport {
+                    output: name,
+                    passed: true,
+                    norm_err: 0.0,
+                    max_abs_err: 0.0,
+                    compared: 0,
+                    tolerance: tol,
+                    tier,
+                    message: "kl: finite; values not judged (β = 0 leaves ref_logp unread)".into(),
+                },
+            });
             continue;
         }
         let report = match name {

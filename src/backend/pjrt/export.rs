@@ -1,0 +1,155 @@
+//! Calling the Python exporter (`python -m grpo_jax.export`) in batches and reading its
+//! manifests. One process per batch: jax starts once, cached artifacts are reused.
+
+use crate::cases::Case;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Shape and dtype of one module argument or result.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+pub struct TensorSpec {
+    /// SPEC name.
+    pub name: String,
+    /// Dimensions.
+    pub shape: Vec<usize>,
+    /// `f32`, `bf16`, `f16`, `i32` or `pred`.
+    pub dtype: String,
+}
+
+/// The manifest written next to each exported module.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct Manifest {
+    /// Implementation id.
+    #[serde(rename = "impl")]
+    pub implementation: String,
+    /// Target platform.
+    pub platform: String,
+    /// jax version that exported it.
+    pub jax_version: String,
+    /// Cache key.
+    pub key: String,
+    /// Module arguments in order (unused ones already dropped).
+    pub inputs: Vec<TensorSpec>,
+    /// Module results in order.
+    pub outputs: Vec<TensorSpec>,
+}
+
+/// What the exporter said about one (implementation, case).
+#[derive(Debug, Clone)]
+pub enum Exported {
+    /// A module ready to compile.
+    Ready {
+        /// Its manifest.
+        manifest: Manifest,
+        /// `module.mlirbc` (StableHLO bytecode).
+        module: PathBuf,
+    },
+    /// The implementation does not support the case (the reason).
+    Unsupported(String),
+    /// Export failed (one line, then the detail).
+    Failed(String),
+}
+
+/// One export request, as the exporter reads it.
+#[derive(Debug, Serialize)]
+struct Request<'a> {
+    #[serde(rename = "impl")]
+    implementation: &'a str,
+    level: crate::spec::Level,
+    b: usize,
+    t: usize,
+    v: usize,
+    h: Option<usize>,
+    dtype: &'static str,
+    knobs: &'a crate::spec::Knobs,
+    impl_options: &'a serde_json::Map<String, serde_json::Value>,
+    platform: &'a str,
+}
+
+#[derive(Debug, Deserialize)]
+struct Response {
+    status: String,
+    #[serde(default)]
+    dir: Option<PathBuf>,
+    #[serde(default)]
+    manifest: Option<Manifest>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    detail: Option<String>,
+}
+
+/// Exports every (implementation, options, case) for `platform` with one Python process.
+pub fn export_batch(
+    python: &Path,
+    cache_dir: &Path,
+    platform: &str,
+    work: &[(&str, &serde_json::Map<String, serde_json::Value>, &Case)],
+) -> Result<Vec<Exported>> {
+    if work.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut lines = String::new();
+    for (imp, opts, c) in work {
+        let req = Request {
+            implementation: imp,
+            level: c.level,
+            b: c.shape.b,
+            t: c.shape.t,
+            v: c.shape.v,
+            h: c.shape.h,
+            dtype: c.dtype.name(),
+            knobs: &c.knobs,
+            impl_options: opts,
+            platform,
+        };
+        lines.push_str(&serde_json::to_string(&req)?);
+        lines.push('\n');
+    }
+    let mut child = Command::new(python)
+        .args(["-m", "grpo_jax.export", "--requests", "-", "--cache-dir"])
+        .arg(cache_dir)
+        .env("JAX_PLATFORMS", "cpu")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start the exporter {} (run scripts/setup.sh)", python.display()))?;
+    let mut stdin = child.stdin.take().context("exporter stdin")?;
+    let writer = std::thread::spawn(move || stdin.write_all(lines.as_bytes()));
+    let out = child.wait_with_output().context("waiting for the exporter")?;
+    writer.join().ok();
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        bail!("exporter exited with {}: {}", out.status, err.lines().last().unwrap_or("(no message)"));
+    }
+    let text = String::from_utf8(out.stdout).context("exporter output is not UTF-8")?;
+    let results: Vec<Exported> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let r: Response = serde_json::from_str(l).with_context(|| format!("unreadable exporter line: {l}"))?;
+            Ok(match r.status.as_str() {
+                "ok" => {
+                    let dir = r.dir.context("exporter result without dir")?;
+                    Exported::Ready { manifest: r.manifest.context("exporter result without manifest")?, module: dir.join("module.mlirbc") }
+                }
+                "unsupported" => Exported::Unsupported(r.reason.unwrap_or_else(|| "unsupported".into())),
+                _ => Exported::Failed(format!(
+                    "export failed: {}{}",
+                    r.message.unwrap_or_default(),
+                    r.detail.map(|d| format!("\n{d}")).unwrap_or_default()
+                )),
+            })
+        })
+        .collect::<Result<_>>()?;
+    if results.len() != work.len() {
+        bail!("exporter answered {} of {} requests; stderr: {}", results.len(), work.len(), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(results)
+}

@@ -1,0 +1,131 @@
+//! The `grpo-suite` command line: listing, one-line errors for bad input, `inputs` files
+//! that reproduce the golden values (in Rust and in numpy), and JSONL records of `run`.
+
+use grpo_conformance::{golden, npy, repo_root};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn suite(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_grpo-suite")).args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn cases_lists_a_suite() {
+    let o = suite(&["cases", "--suite", "smoke"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids = String::from_utf8(o.stdout).unwrap();
+    assert!(ids.lines().count() >= 5);
+    assert!(ids.lines().all(|l| l.starts_with("logits/") || l.starts_with("fused/")));
+}
+
+#[test]
+fn a_typo_in_a_case_file_is_one_line_naming_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("x.yaml"), "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1, t: 2, v: 9, tempreture: 1.0}\n").unwrap();
+    let o = suite(&["--cases", dir.path().to_str().unwrap(), "cases"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(e.contains("x.yaml") && e.contains("tempreture") && e.contains("line 4"), "{e}");
+    assert!(!e.contains("panicked"));
+}
+
+#[test]
+fn a_typo_in_a_config_is_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(&cfg, "repeats: 1\nbackends:\n  reference: {implementations: [oracle], plugn: x}\n").unwrap();
+    let o = suite(&["run", "--suite", "smoke", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("c.yaml") && e.contains("plugn"), "{e}");
+    assert!(!e.contains("panicked"));
+}
+
+#[test]
+fn unknown_case_and_backend_are_clear_errors() {
+    let o = suite(&["inputs", "logits/f32/nope", "--out", "/tmp/x"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no case `logits/f32/nope`"), "{}", stderr(&o));
+    let o = suite(&["run", "--backend", "pjrt-tpuu"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("unknown or unavailable backend `pjrt-tpuu`"), "{}", stderr(&o));
+}
+
+fn read(d: &Path, name: &str) -> npy::Array {
+    npy::read(&d.join(format!("{name}.npy"))).unwrap()
+}
+
+#[test]
+fn inputs_reproduce_the_golden_values_in_rust_and_numpy() {
+    let ids = [
+        "logits/bf16/b2_t8_v2049/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed",
+        "logits/f32/b2_t16_v2049/grpo/eps0.2-0.28/beta0.04_delta1.5/ratio_edges-zero_row-mixed",
+        "fused/f32/b2_t8_v2049_h64/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed",
+    ];
+    let m = grpo_conformance::cases::load_dir(&repo_root().join("cases")).unwrap();
+    for id in ids {
+        let dir = tempfile::tempdir().unwrap();
+        let o = suite(&["inputs", id, "--out", dir.path().to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let case = m.get(id).unwrap();
+        let g = golden::load(&golden::path(&repo_root().join("golden"), case)).unwrap();
+        // Rebuild the inputs from the files alone and re-run the oracle on them.
+        let f32s = |n: &str| read(dir.path(), n).data.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let mut inputs = grpo_conformance::inputs::Inputs::generate(case);
+        match case.level {
+            grpo_conformance::spec::Level::Logits => inputs.logits = f32s("logits"),
+            grpo_conformance::spec::Level::Fused => {
+                inputs.hidden = f32s("hidden");
+                inputs.lm_head = f32s("lm_head");
+            }
+        }
+        inputs.chosen_ids = read(dir.path(), "chosen_ids").data.iter().map(|&x| x as i32).collect();
+        inputs.old_logp = f32s("old_logp");
+        inputs.ref_logp = f32s("ref_logp");
+        inputs.advantages = f32s("advantages");
+        inputs.mask = f32s("mask");
+        for t in inputs.tensors(case) {
+            assert_eq!(g.inputs[t.name], t.digest(), "{id}: {} read back differs from the golden digest", t.name);
+        }
+        let oracle = grpo_conformance::oracle::Oracle::new(case, &inputs);
+        assert!(golden::diff(&g, &golden::compute(case, &inputs, &oracle)).is_empty());
+        let loss = read(dir.path(), "loss");
+        assert_eq!(loss.shape, Vec::<usize>::new());
+        assert!(golden::close(loss.data[0] as f32, g.loss), "{id}: loss.npy {} vs golden {}", loss.data[0], g.loss);
+        // An independent numpy implementation of SPEC on the same files.
+        let py = repo_root().join(".venv/bin/python");
+        let o = Command::new(&py).arg(repo_root().join("scripts/reproduce_case.py")).arg(dir.path()).output()
+            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup.sh)", py.display()));
+        assert!(o.status.success(), "numpy disagrees on {id}:\n{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    }
+}
+
+#[test]
+fn run_writes_one_jsonl_record_per_trial_and_a_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("r.jsonl");
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(&cfg, "repeats: 2\nwarmup: 0\nbackends:\n  reference: {implementations: [oracle, naive_f32]}\n").unwrap();
+    let o = suite(&["run", "--suite", "smoke", "--config", cfg.to_str().unwrap(), "--records", rec.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.contains("case") && out.contains("verdict") && out.contains("worst error"));
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&rec).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let n_smoke = String::from_utf8(suite(&["cases", "--suite", "smoke"]).stdout).unwrap().lines().count();
+    assert_eq!(lines.len(), 2 * n_smoke);
+    for l in &lines {
+        assert!(["pass", "ignored"].contains(&l["verdict"].as_str().unwrap()), "{l}");
+        if l["verdict"] == "pass" {
+            assert_eq!(l["timing"]["runs_s"].as_array().unwrap().len(), 2);
+            assert!(l["gates"].as_array().unwrap().len() >= 7);
+        } else {
+            assert!(l["reason"].as_str().unwrap().contains("logits level only"));
+        }
+    }
+}
