@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
 # README command 2 (and what .ci/run calls): set up everything (idempotent), then run
 # every test: the Python package's pytest suite, then `cargo test` over the workspace
-# (unit tests, oracle self-checks, the PJRT binding against the real CPU plugin, and the
-# conformance harness over the `ci` tier). Both default backends are required: if one
-# is unavailable the run fails instead of ignoring its trials.
-set -euo pipefail
+# (unit tests, oracle self-checks, the PJRT binding against the real CPU plugin, the
+# conformance harness over the `ci` tier, doc tests). Both default backends are required:
+# if one is unavailable the run fails instead of ignoring its trials. Ends with one
+# summary line over both runners.
+set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash scripts/setup.sh
+bash scripts/setup.sh || exit 1
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
 echo "== pytest backends/jax" >&2
-.venv/bin/python -m pytest -q -p no:cacheprovider backends/jax/tests
+.venv/bin/python -m pytest -q -p no:cacheprovider backends/jax/tests 2>&1 | tee "$log"
+py=${PIPESTATUS[0]}
 echo "== cargo test" >&2
 export GRPO_REQUIRE_BACKENDS="${GRPO_REQUIRE_BACKENDS:-reference,pjrt-cpu}"
-exec cargo test --workspace --release "$@"
+cargo test --workspace --release "$@" 2>&1 | tee -a "$log"
+rs=${PIPESTATUS[0]}
+sum() { grep -oE "$1" "$log" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}'; }
+passed=$(( $(sum '[0-9]+ passed;') + $(sum '^[0-9]+ passed') + $(sum ' [0-9]+ passed in') ))
+failed=$(( $(sum '[0-9]+ failed;') + $(sum '[0-9]+ failed,') ))
+ignored=$(sum '[0-9]+ ignored;')
+echo
+echo "all: $passed passed, $failed failed, $ignored skipped"
+[ "$py" -eq 0 ] && [ "$rs" -eq 0 ]

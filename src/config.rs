@@ -34,6 +34,9 @@ pub struct Config {
     pub warmup: usize,
     /// Backends by name.
     pub backends: BTreeMap<String, BackendConfig>,
+    /// Implementations whose TPU export (Mosaic lowering, no TPU needed) is checked per case.
+    #[serde(default)]
+    pub tpu_export: Vec<ImplEntry>,
 }
 
 fn default_repeats() -> usize {
@@ -72,8 +75,12 @@ pub enum ImplEntry {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImplConfig {
-    /// Implementation id.
+    /// Implementation id (what the exporter builds).
     pub id: String,
+    /// Name in trial names and records (default: the id); lets one id run with several
+    /// option sets, e.g. `pallas_logits@8x512`.
+    #[serde(default)]
+    pub name: Option<String>,
     /// Whether to run it.
     #[serde(default = "yes")]
     pub enabled: bool,
@@ -90,9 +97,16 @@ impl ImplEntry {
     /// The normalised form.
     pub fn resolved(&self) -> ImplConfig {
         match self {
-            ImplEntry::Id(id) => ImplConfig { id: id.clone(), enabled: true, options: Default::default() },
+            ImplEntry::Id(id) => ImplConfig { id: id.clone(), name: None, enabled: true, options: Default::default() },
             ImplEntry::Full(c) => c.clone(),
         }
+    }
+}
+
+impl ImplConfig {
+    /// The name trials and records use.
+    pub fn display_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.id)
     }
 }
 
@@ -107,7 +121,16 @@ impl Config {
     /// Parses YAML text; `origin` names the file in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config> {
         let c: Config = serde_yaml_ng::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
-        for name in c.backends.keys() {
+        for (name, b) in &c.backends {
+            let mut ids: Vec<String> =
+                b.implementations.iter().map(|e| e.resolved().display_name().to_string()).collect();
+            ids.sort();
+            if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+                return Err(anyhow!(
+                    "{origin}: backend `{name}` lists implementation `{}` twice (give one a distinct `name`)",
+                    w[0]
+                ));
+            }
             if !crate::backend::KNOWN.contains(&name.as_str()) {
                 return Err(anyhow!(
                     "{origin}: unknown backend `{name}`, expected one of: {}",

@@ -170,6 +170,13 @@ pub fn store(path: &Path, g: &Golden) -> Result<()> {
 
 /// Two f32 agree to within 4 units in the last place (or both below f32's normal range),
 /// which absorbs f64 summation-order and libm differences between machines.
+///
+/// ```
+/// use grpo_conformance::golden::close;
+/// assert!(close(1.0, 1.0 + 4.0 * f32::EPSILON));
+/// assert!(!close(1.0, 1.0 + 8.0 * f32::EPSILON));
+/// assert!(!close(f32::NAN, f32::NAN));
+/// ```
 pub fn close(a: f32, b: f32) -> bool {
     if a == b {
         return true;

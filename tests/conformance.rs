@@ -10,11 +10,12 @@
 
 use grpo_conformance::backend::{self, Backend, Mutation, NaiveF32, RunOptions};
 use grpo_conformance::cases::{self, Case, Suite};
+use grpo_conformance::backend::pjrt::{tpu_export_check, ExportVerdict};
 use grpo_conformance::config::Config;
 use grpo_conformance::golden::{self, Check, BLESS_ENV};
 use grpo_conformance::runner::{run_trial, CaseCache, Verdict};
 use grpo_conformance::{gates, repo_root};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use std::sync::Arc;
 
 fn main() {
@@ -35,8 +36,11 @@ fn main() {
     };
     let cases: Vec<Arc<Case>> = matrix.suite(suite).into_iter().cloned().map(Arc::new).collect();
     let cache = Arc::new(CaseCache::default());
+    // GRPO_CONFIG names the run configuration; by default the nightly tier uses
+    // configs/nightly.yaml (no interpret-mode Pallas at full shapes), the others default.yaml.
     let config = match std::env::var_os("GRPO_CONFIG") {
         Some(p) => Config::load(std::path::Path::new(&p)),
+        None if suite == Suite::Nightly => Config::load(&repo_root().join("configs/nightly.yaml")),
         None => Config::load_default(),
     };
     let config = config.unwrap_or_else(|e| {
@@ -66,7 +70,7 @@ fn main() {
             for c in &cases {
                 let name = format!("{}/{imp}/{}", b.name(), c.id);
                 if let Err(reason) = b.supports(&imp, c) {
-                    trials.push(Trial::test(name, || Ok(())).with_ignored_flag(true).with_kind(reason));
+                    trials.push(Trial::ignorable_test(name, move || Ok(Completion::ignored_with(reason))));
                     continue;
                 }
                 cache.expect(c, 1);
@@ -87,7 +91,29 @@ fn main() {
         if required.contains(&name) {
             trials.push(Trial::test(format!("{name}/available"), move || Err(format!("required backend unavailable: {why}").into())));
         } else {
-            trials.push(Trial::test(format!("{name}/unavailable"), || Ok(())).with_ignored_flag(true).with_kind(why));
+            trials.push(Trial::ignorable_test(format!("{name}/unavailable"), move || Ok(Completion::ignored_with(why))));
+        }
+    }
+
+    // Mosaic lowering for TPU, per case, for the configured Pallas kernels.
+    let tpu: Vec<_> = config.tpu_export.iter().map(|e| e.resolved()).filter(|c| c.enabled).collect();
+    if !tpu.is_empty() {
+        let refs: Vec<&Case> = cases.iter().map(|c| c.as_ref()).collect();
+        match tpu_export_check(&tpu, &refs) {
+            Err(e) => {
+                let msg = format!("{e:#}");
+                trials.push(Trial::test("tpu-export/batch", move || Err(msg.into())));
+            }
+            Ok(results) => {
+                for (name, case, verdict) in results {
+                    let tname = format!("tpu-export/{name}/{case}");
+                    trials.push(match verdict {
+                        ExportVerdict::Lowered => Trial::test(tname, || Ok(())),
+                        ExportVerdict::Unsupported(why) => Trial::ignorable_test(tname, move || Ok(Completion::ignored_with(why))),
+                        ExportVerdict::Failed(e) => Trial::test(tname, move || Err(e.into())),
+                    });
+                }
+            }
         }
     }
 

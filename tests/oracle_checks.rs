@@ -3,17 +3,14 @@
 //! chunk-size invariance, property tests over random small cases, and named
 //! regressions computed by hand.
 
-use grpo_conformance::cases::{parse, Case};
+use grpo_conformance::cases::{parse_fixed, Case};
 use grpo_conformance::inputs::Inputs;
 use grpo_conformance::oracle::{self, Oracle};
 use proptest::prelude::*;
 use rstest::rstest;
 
-fn case(yaml_fixed: &str) -> Case {
-    let y = format!("groups:\n  - name: t\n    suites: [ci]\n    fixed: {{{yaml_fixed}}}\n");
-    let mut v = parse(&y, "test").unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(v.len(), 1);
-    v.remove(0)
+fn case(fixed: &str) -> Case {
+    parse_fixed(fixed).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn dlogits(c: &Case, inp: &Inputs, o: &Oracle) -> Vec<f64> {

@@ -5,7 +5,7 @@
 
 use grpo_conformance::backend::pjrt::PjrtBackend;
 use grpo_conformance::backend::{Backend, RunOptions};
-use grpo_conformance::cases::{parse, Case};
+use grpo_conformance::cases::{parse_fixed, Case};
 use grpo_conformance::config::Config;
 use grpo_conformance::gates::{self, GateReport};
 use grpo_conformance::inputs::Inputs;
@@ -13,8 +13,7 @@ use grpo_conformance::oracle::Oracle;
 use grpo_conformance::spec::{LossType, OutputName};
 
 fn case(fixed: &str) -> Case {
-    let y = format!("groups:\n  - name: t\n    suites: [ci]\n    fixed: {{{fixed}}}\n");
-    parse(&y, "test").unwrap().remove(0)
+    parse_fixed(fixed).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn backend() -> PjrtBackend {

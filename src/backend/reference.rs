@@ -25,7 +25,7 @@ impl Default for ReferenceBackend {
 impl ReferenceBackend {
     /// The implementations the config enables (of `oracle`, `naive_f32`).
     pub fn new(cfg: &crate::config::BackendConfig) -> Self {
-        ReferenceBackend { impls: cfg.enabled().into_iter().map(|c| c.id).collect() }
+        ReferenceBackend { impls: cfg.enabled().into_iter().map(|c| c.display_name().to_string()).collect() }
     }
 }
 

@@ -5,13 +5,86 @@ use crate::spec::{DType, IsLevel, Level, LogitsDtype, LossType};
 use serde::Deserialize;
 
 /// A single value or a list of values (`v: 2049` or `v: [2049, 32001]`).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum OneOrMany<T> {
     /// `key: value`
     One(T),
     /// `key: [a, b, ...]`
     Many(Vec<T>),
+}
+
+/// Deserialises a list element by element and a scalar as one value, so the element
+/// type's own error ("unknown loss_type `grpoo`, expected ...") reaches the user.
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for OneOrMany<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{value, IntoDeserializer, SeqAccess, Visitor};
+        use std::marker::PhantomData;
+        struct V<T>(PhantomData<T>);
+        macro_rules! scalar {
+            ($($f:ident: $t:ty),+) => {$(
+                fn $f<E: serde::de::Error>(self, x: $t) -> Result<Self::Value, E> {
+                    T::deserialize(x.into_deserializer()).map(OneOrMany::One)
+                }
+            )+};
+        }
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = OneOrMany<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a value or a list of values")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut v = Vec::new();
+                while let Some(x) = seq.next_element()? {
+                    v.push(x);
+                }
+                Ok(OneOrMany::Many(v))
+            }
+            fn visit_str<E: serde::de::Error>(self, x: &str) -> Result<Self::Value, E> {
+                T::deserialize(value::StrDeserializer::<E>::new(x)).map(OneOrMany::One)
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                T::deserialize(value::UnitDeserializer::<E>::new()).map(OneOrMany::One)
+            }
+            fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                self.visit_unit()
+            }
+            scalar!(visit_bool: bool, visit_i64: i64, visit_u64: u64, visit_f64: f64);
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// A value or `null` (for δ and max_completion_length: `null` means unset).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Maybe<T>(pub Option<T>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Maybe<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{IntoDeserializer, Visitor};
+        use std::marker::PhantomData;
+        struct V<T>(PhantomData<T>);
+        macro_rules! scalar {
+            ($($f:ident: $t:ty),+) => {$(
+                fn $f<E: serde::de::Error>(self, x: $t) -> Result<Self::Value, E> {
+                    T::deserialize(x.into_deserializer()).map(|v| Maybe(Some(v)))
+                }
+            )+};
+        }
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Maybe<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number or null")
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Maybe(None))
+            }
+            fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Maybe(None))
+            }
+            scalar!(visit_i64: i64, visit_u64: u64, visit_f64: f64);
+        }
+        d.deserialize_any(V(PhantomData))
+    }
 }
 
 impl<T: Clone> OneOrMany<T> {
@@ -113,11 +186,11 @@ axes!(
     /// β.
     beta: f64,
     /// δ (`null` = unset).
-    delta: Option<f64>,
+    delta: Maybe<f64>,
     /// grpo | bnpo | dr_grpo.
     loss_type: LossType,
     /// L for dr_grpo (`null` = T).
-    max_completion_length: Option<usize>,
+    max_completion_length: Maybe<usize>,
     /// token | sequence.
     importance_sampling_level: IsLevel,
     /// f32 | input (fused).

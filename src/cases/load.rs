@@ -158,6 +158,19 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Case>> {
     Ok(out)
 }
 
+/// One case from a single `fixed:` mapping, e.g. `"b: 2, t: 8, v: 33, beta: 0.04"`
+/// (tests and quick experiments; the same defaults and checks as a case file).
+///
+/// ```
+/// let c = grpo_conformance::cases::parse_fixed("b: 1, t: 4, v: 2049, dtype: bf16, delta: 2.0").unwrap();
+/// assert_eq!(c.id, "logits/bf16/b1_t4_v2049/grpo/eps0.2-0.2/beta0_delta2/normal1-random-mixed");
+/// assert!(grpo_conformance::cases::parse_fixed("b: 1, t: 4, v: 9, delta: 1.1").is_err()); // δ ≤ 1+ε_high
+/// ```
+pub fn parse_fixed(fixed: &str) -> Result<Case> {
+    let yaml = format!("groups:\n  - name: fixed\n    suites: [ci]\n    fixed: {{{fixed}}}\n");
+    Ok(parse(&yaml, "fixed")?.remove(0))
+}
+
 fn single(a: &Axes) -> Result<Point, String> {
     for (k, n) in a.keys().into_iter().zip(a.lens()) {
         if n != 1 {
@@ -228,9 +241,9 @@ fn to_case(p: &Point, suites: &[Suite], origin: &str) -> Result<Case, String> {
         epsilon_low: p.epsilon_low.unwrap_or(0.2),
         epsilon_high: p.epsilon_high.unwrap_or(0.2),
         beta: p.beta.unwrap_or(0.0),
-        delta: p.delta.flatten(),
+        delta: p.delta.and_then(|m| m.0),
         loss_type: p.loss_type.unwrap_or(LossType::Grpo),
-        max_completion_length: p.max_completion_length.flatten(),
+        max_completion_length: p.max_completion_length.and_then(|m| m.0),
         importance_sampling_level: p.importance_sampling_level.unwrap_or(IsLevel::Token),
         logits_dtype: p.logits_dtype.unwrap_or(LogitsDtype::F32),
     };
@@ -326,6 +339,9 @@ mod tests {
         assert!(parse(y, "x").is_err());
         let y = "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1, t: 2, v: 5, loss_type: grpoo}\n";
         let e = parse(y, "x").unwrap_err().to_string();
-        assert!(e.contains("grpoo"), "{e}");
+        assert!(e.contains("grpoo") && e.contains("dr_grpo") && e.contains("line 4"), "{e}");
+        let y = "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1, t: 2, v: 5}\n    product: {profile: [normal1, gauss]}\n";
+        let e = parse(y, "x").unwrap_err().to_string();
+        assert!(e.contains("unknown profile `gauss`") && e.contains("line 5"), "{e}");
     }
 }

@@ -4,8 +4,8 @@ mod axes;
 mod load;
 mod profiles;
 
-pub use axes::{Axes, OneOrMany};
-pub use load::{load_dir, load_file, parse, Matrix, Suite};
+pub use axes::{Axes, Maybe, OneOrMany};
+pub use load::{load_dir, load_file, parse, parse_fixed, Matrix, Suite};
 pub use profiles::{AdvPattern, DataProfile, MaskPattern, TierName};
 
 use crate::spec::{DType, IsLevel, Knobs, Level, LogitsDtype};

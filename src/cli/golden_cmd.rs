@@ -8,33 +8,27 @@ use grpo_conformance::runner::Prepared;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 
+/// Which golden files.
+#[derive(Debug, clap::Args)]
+pub struct GoldenArgs {
+    /// smoke | ci | nightly | full
+    #[arg(long, default_value = "ci")]
+    suite: Suite,
+    /// Golden directory.
+    #[arg(long, default_value_os_t = grpo_conformance::repo_root().join("golden"))]
+    dir: PathBuf,
+    /// Only cases whose id contains this.
+    #[arg(long)]
+    filter: Option<String>,
+}
+
 /// What to do with golden files.
 #[derive(Debug, Subcommand)]
 pub enum GoldenAction {
     /// Re-derive and write the golden files of a suite (bless).
-    Update {
-        /// smoke | ci | nightly | full
-        #[arg(long, default_value = "ci")]
-        suite: Suite,
-        /// Golden directory.
-        #[arg(long, default_value_os_t = grpo_conformance::repo_root().join("golden"))]
-        dir: PathBuf,
-        /// Only cases whose id contains this.
-        #[arg(long)]
-        filter: Option<String>,
-    },
+    Update(GoldenArgs),
     /// Re-derive the golden values and compare with the stored files.
-    Check {
-        /// smoke | ci | nightly | full
-        #[arg(long, default_value = "ci")]
-        suite: Suite,
-        /// Golden directory.
-        #[arg(long, default_value_os_t = grpo_conformance::repo_root().join("golden"))]
-        dir: PathBuf,
-        /// Only cases whose id contains this.
-        #[arg(long)]
-        filter: Option<String>,
-    },
+    Check(GoldenArgs),
 }
 
 fn bar(n: usize) -> ProgressBar {
@@ -45,9 +39,9 @@ fn bar(n: usize) -> ProgressBar {
 
 /// Runs the action.
 pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
-    let (update, suite, dir, filter) = match action {
-        GoldenAction::Update { suite, dir, filter } => (true, suite, dir, filter),
-        GoldenAction::Check { suite, dir, filter } => (false, suite, dir, filter),
+    let (update, GoldenArgs { suite, dir, filter }) = match action {
+        GoldenAction::Update(a) => (true, a),
+        GoldenAction::Check(a) => (false, a),
     };
     let cases: Vec<_> = matrix
         .suite(suite)

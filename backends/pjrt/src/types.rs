@@ -99,6 +99,13 @@ pub trait NativeType: sealed::Sealed + Copy + 'static {
     const TYPE: ElementType;
 
     /// Decodes dense little-endian host bytes (length already checked).
+    ///
+    /// ```
+    /// use grpo_pjrt::{Bf16, NativeType};
+    /// let bytes = [0x80, 0x3f, 0x20, 0xc0]; // bf16 1.0 and -2.5
+    /// assert_eq!(Bf16::decode(&bytes), [Bf16::from_f32(1.0), Bf16::from_f32(-2.5)]);
+    /// assert_eq!(i32::decode(&7i32.to_le_bytes()), [7]);
+    /// ```
     fn decode(bytes: &[u8]) -> Vec<Self> {
         let n = bytes.len() / std::mem::size_of::<Self>();
         let mut out = Vec::<Self>::with_capacity(n);
@@ -133,126 +140,26 @@ impl NativeType for bool {
     }
 }
 
-/// A bfloat16 value (raw bits). Conversions round to nearest even.
-#[repr(transparent)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Bf16(pub u16);
-
-impl Bf16 {
-    /// Rounds an `f32` to bfloat16 (round to nearest even; NaN stays NaN).
-    pub fn from_f32(x: f32) -> Self {
-        let bits = x.to_bits();
-        if x.is_nan() {
-            return Bf16(((bits >> 16) as u16) | 0x0040);
-        }
-        let round = 0x7fff + ((bits >> 16) & 1);
-        Bf16((bits.wrapping_add(round) >> 16) as u16)
-    }
-
-    /// Widens to `f32` (exact).
-    pub fn to_f32(self) -> f32 {
-        f32::from_bits(u32::from(self.0) << 16)
-    }
-}
-
-/// An IEEE half-precision value (raw bits).
-#[repr(transparent)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct F16(pub u16);
-
-impl F16 {
-    /// Widens to `f32` (exact).
-    pub fn to_f32(self) -> f32 {
-        let h = u32::from(self.0);
-        let sign = (h & 0x8000) << 16;
-        let exp = (h >> 10) & 0x1f;
-        let man = h & 0x3ff;
-        let bits = match (exp, man) {
-            (0, 0) => sign,
-            (0, m) => {
-                // Subnormal: value = m * 2^-24.
-                let v = m as f32 * f32::from_bits(0x3380_0000);
-                return if sign != 0 { -v } else { v };
-            }
-            (0x1f, 0) => sign | 0x7f80_0000,
-            (0x1f, m) => sign | 0x7fc0_0000 | (m << 13),
-            (e, m) => sign | ((e + 112) << 23) | (m << 13),
-        };
-        f32::from_bits(bits)
-    }
-
-    /// Rounds an `f32` to half precision (round to nearest even, overflow to inf).
-    pub fn from_f32(x: f32) -> Self {
-        let bits = x.to_bits();
-        let sign = ((bits >> 16) & 0x8000) as u16;
-        if x.is_nan() {
-            return F16(sign | 0x7e00);
-        }
-        let a = x.abs();
-        if a >= 65520.0 {
-            return F16(sign | 0x7c00);
-        }
-        if a < f32::from_bits(0x3880_0000) {
-            // Below the smallest normal half (2^-14): subnormal grid of 2^-24,
-            // `round_ties_even` gives round-to-nearest-even.
-            let m = (a * f32::from_bits(0x4b80_0000)).round_ties_even() as u16;
-            return F16(sign | m);
-        }
-        let abits = a.to_bits();
-        let round = 0x0fff + ((abits >> 13) & 1);
-        let r = abits + round;
-        let exp = (r >> 23) - 112;
-        F16(sign | ((exp << 10) as u16) | (((r >> 13) & 0x3ff) as u16))
-    }
-}
+/// bfloat16, from the `half` crate (rounding to nearest even; `repr(transparent)` u16).
+pub use half::bf16 as Bf16;
+/// IEEE half precision, from the `half` crate.
+pub use half::f16 as F16;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn bf16_rounds_to_nearest_even() {
-        assert_eq!(Bf16::from_f32(1.0).0, 0x3f80);
-        assert_eq!(Bf16::from_f32(-2.5).to_f32(), -2.5);
-        // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).
-        assert_eq!(Bf16::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0);
-        // 1 + 3 * 2^-8 ties up to 1 + 2^-6.
-        assert_eq!(
-            Bf16::from_f32(1.0 + 3.0 / 256.0).to_f32(),
-            1.0 + 4.0 / 256.0
-        );
-        assert!(Bf16::from_f32(f32::NAN).to_f32().is_nan());
-        assert_eq!(Bf16::from_f32(f32::INFINITY).to_f32(), f32::INFINITY);
-    }
-
-    #[test]
-    fn f16_conversions() {
-        let min_normal = 2f32.powi(-14);
-        let min_subnormal = 2f32.powi(-24);
-        for x in [
-            0.0f32,
-            -0.0,
-            1.0,
-            -2.0,
-            0.5,
-            65504.0,
-            min_normal,
-            -min_normal,
-            min_subnormal,
-            3.0 * min_subnormal,
-        ] {
-            assert_eq!(F16::from_f32(x).to_f32(), x, "{x}");
-        }
-        assert_eq!(F16::from_f32(1.0).0, 0x3c00);
-        assert_eq!(F16::from_f32(65520.0).to_f32(), f32::INFINITY);
-        assert_eq!(F16(0x0001).to_f32(), min_subnormal);
-        assert_eq!(F16::from_f32(min_subnormal).0, 0x0001);
-        // Half a subnormal step ties to even (zero).
-        assert_eq!(F16::from_f32(min_subnormal / 2.0).0, 0x0000);
-        assert!(F16::from_f32(f32::NAN).to_f32().is_nan());
-        // 1 + 2^-11 ties to even (1.0); 1 + 3 * 2^-11 rounds up.
-        assert_eq!(F16::from_f32(1.0 + 1.0 / 2048.0).0, 0x3c00);
-        assert_eq!(F16::from_f32(1.0 + 3.0 / 2048.0).0, 0x3c02);
+    fn half_types_encode_as_their_bits() {
+        // The device sees the raw 16-bit pattern: check the host encoding is exactly that.
+        let x = [Bf16::from_f32(1.0), Bf16::from_f32(-2.5)];
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        assert_eq!(Bf16::decode(&bytes), x);
+        assert_eq!(x[0].to_bits(), 0x3f80);
+        let h = [F16::from_f32(0.5), F16::from_f32(65504.0)];
+        let bytes: Vec<u8> = h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+        assert_eq!(F16::decode(&bytes), h);
+        assert_eq!(<Bf16 as NativeType>::TYPE, ElementType::Bf16);
     }
 
     #[test]

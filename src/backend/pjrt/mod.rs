@@ -36,6 +36,25 @@ pub struct PjrtBackend {
     worker: Mutex<Option<Worker>>,
 }
 
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Rough peak host memory of one trial on the CPU plugin: the suite's inputs (f32), the
+/// upload copy, device arguments, XLA temporaries (softmax, f32 upcast) and dlogits, all
+/// O(B·T·V): 7 f32 copies.
+pub fn cpu_working_set_bytes(case: &Case) -> u64 {
+    let per_token = match case.level {
+        crate::spec::Level::Logits => case.shape.v,
+        crate::spec::Level::Fused => case.shape.v + 2 * case.shape.h.unwrap_or(0),
+    };
+    7 * 4 * (case.shape.rows() * per_token) as u64
+}
+
+fn mem_total_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
 fn venv_python() -> PathBuf {
     std::env::var_os(PYTHON_ENV).map(PathBuf::from).unwrap_or_else(|| crate::repo_root().join(".venv/bin/python"))
 }
@@ -71,16 +90,16 @@ impl PjrtBackend {
     }
 
     fn options(&self, implementation: &str) -> Option<&ImplConfig> {
-        self.impls.iter().find(|c| c.id == implementation)
+        self.impls.iter().find(|c| c.display_name() == implementation)
     }
 
     /// Exports what is not exported yet (one Python process for the batch).
     fn ensure_exported(&self, work: &[(&str, &Case)]) -> Result<()> {
-        let todo: Vec<(&str, &serde_json::Map<String, serde_json::Value>, &Case)> = {
+        let todo: Vec<(&str, &ImplConfig, &Case)> = {
             let done = self.exported.lock().unwrap();
             work.iter()
-                .filter(|(i, c)| !done.contains_key(&(i.to_string(), c.id.clone())))
-                .filter_map(|(i, c)| self.options(i).map(|o| (*i, &o.options, *c)))
+                .filter(|(name, c)| !done.contains_key(&(name.to_string(), c.id.clone())))
+                .filter_map(|(name, c)| self.options(name).map(|o| (*name, o, *c)))
                 .collect()
         };
         if todo.is_empty() {
@@ -88,10 +107,11 @@ impl PjrtBackend {
         }
         std::fs::create_dir_all(&self.cache_dir)
             .with_context(|| format!("cannot create artifact cache {}", self.cache_dir.display()))?;
-        let results = export::export_batch(&self.python, &self.cache_dir, &self.platform, &todo)?;
+        let requests: Vec<_> = todo.iter().map(|(_, o, c)| (o.id.as_str(), &o.options, *c)).collect();
+        let results = export::export_batch(&self.python, &self.cache_dir, &self.platform, &requests)?;
         let mut done = self.exported.lock().unwrap();
-        for ((i, _, c), r) in todo.iter().zip(results) {
-            done.insert((i.to_string(), c.id.clone()), r);
+        for ((name, _, c), r) in todo.iter().zip(results) {
+            done.insert((name.to_string(), c.id.clone()), r);
         }
         Ok(())
     }
@@ -116,12 +136,24 @@ impl Backend for PjrtBackend {
     }
 
     fn implementations(&self) -> Vec<String> {
-        self.impls.iter().map(|c| c.id.clone()).collect()
+        self.impls.iter().map(|c| c.display_name().to_string()).collect()
     }
 
     fn supports(&self, implementation: &str, case: &Case) -> Result<(), String> {
         if self.options(implementation).is_none() {
             return Err(format!("{} has no implementation `{implementation}` configured", self.name));
+        }
+        // On the CPU plugin device memory is host memory, shared with the suite's own copy
+        // of the inputs and the oracle: estimate and refuse rather than swap or get killed.
+        let need = cpu_working_set_bytes(case);
+        if let Some(total) = mem_total_bytes() {
+            if need as f64 > 0.75 * total as f64 {
+                return Err(format!(
+                    "needs ~{:.1} GiB of host memory on the CPU device, this machine has {:.1} GiB",
+                    need as f64 / GIB,
+                    total as f64 / GIB
+                ));
+            }
         }
         match self.exported(implementation, case) {
             Ok(Exported::Unsupported(reason)) => Err(reason),
@@ -166,4 +198,48 @@ impl Backend for PjrtBackend {
         let timing = if opts.repeats > 0 || res.timing.compile_s.is_some() { Some(res.timing) } else { None };
         Ok(RunResult { outputs, timing, memory: res.memory, cost: res.cost })
     }
+}
+
+/// Outcome of an export-only check.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExportVerdict {
+    /// The module exported and holds a Mosaic kernel (`tpu_custom_call`).
+    Lowered,
+    /// The implementation does not support the case (why).
+    Unsupported(String),
+    /// Export failed or produced no Mosaic kernel (the lowering's message).
+    Failed(String),
+}
+
+/// Exports each (implementation, case) for TPU on this machine (no TPU or libtpu needed:
+/// Pallas lowers to Mosaic `tpu_custom_call`s at export) and judges each result.
+/// Returns (display name, case id, verdict) in input order.
+pub fn tpu_export_check(impls: &[ImplConfig], cases: &[&Case]) -> Result<Vec<(String, String, ExportVerdict)>> {
+    let python = venv_python();
+    let cache_dir = std::env::var_os(ARTIFACTS_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::repo_root().join("target/grpo-artifacts"));
+    std::fs::create_dir_all(&cache_dir)?;
+    let pairs: Vec<(&ImplConfig, &Case)> = impls.iter().flat_map(|i| cases.iter().map(move |c| (i, *c))).collect();
+    let requests: Vec<_> = pairs.iter().map(|(i, c)| (i.id.as_str(), &i.options, *c)).collect();
+    let results = export::export_batch(&python, &cache_dir, "tpu", &requests)?;
+    Ok(pairs
+        .iter()
+        .zip(results)
+        .map(|((i, c), r)| {
+            let v = match r {
+                Exported::Unsupported(why) => ExportVerdict::Unsupported(why),
+                Exported::Failed(e) => ExportVerdict::Failed(e),
+                Exported::Ready { module, .. } => match std::fs::read(&module) {
+                    Err(e) => ExportVerdict::Failed(format!("cannot read {}: {e}", module.display())),
+                    Ok(bytes) if bytes.windows(15).any(|w| w == b"tpu_custom_call") => ExportVerdict::Lowered,
+                    Ok(_) => ExportVerdict::Failed(format!(
+                        "{} has no Mosaic kernel (tpu_custom_call): did the export fall back to interpret mode?",
+                        module.display()
+                    )),
+                },
+            };
+            (i.display_name().to_string(), c.id.clone(), v)
+        })
+        .collect())
 }

@@ -6,11 +6,13 @@ docs/implementations.md) and append it to ``_ENTRIES`` below.
 
 from __future__ import annotations
 
-from . import baseline
+from . import baseline, pallas_logits
 from .interface import Implementation
 
 _ENTRIES: list[Implementation] = [
     baseline.IMPLEMENTATION,
+    pallas_logits.IMPLEMENTATION,
+    pallas_logits.IMPLEMENTATION_JAXBWD,
 ]
 
 IMPLEMENTATIONS: dict[str, Implementation] = {impl.id: impl for impl in _ENTRIES}

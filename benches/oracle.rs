@@ -1,0 +1,246 @@
+//! Benchmark of the f64 oracle at a full logits-level shape, f32 inputs, fwd+bwd, against
+//! this machine's memory-copy rate measured in the same run.
+//!
+//!     cargo bench --bench oracle                       # B=1, T=8192, V=151936
+//!     GRPO_BENCH_SHAPE=1x2048x151936 GRPO_BENCH_RUNS=5 cargo bench --bench oracle
+//!
+//! Knobs (environment):
+//! - `GRPO_BENCH_SHAPE`  BxTxV (default 1x8192x151936)
+//! - `GRPO_BENCH_RUNS`   timed oracle runs, the median is reported (default 3)
+//! - `GRPO_BENCH_COPIES` timed memory copies per mode, median reported (default 5)
+//!
+//! What is timed ("fwd+bwd", what `oracle_outputs` does at the logits level):
+//! 1. fwd:  `oracle::forward` (per-row streaming logsumexp / entropy), reads logits once;
+//! 2. eval: `Oracle::with_stats` (per-token loss, ratios, g; O(B·T), negligible);
+//! 3. bwd:  every dlogits row via `Oracle::dlogits_row`, stored as f32 into a [B,T,V]
+//!    buffer (rayon over rows); reads logits once more and writes dlogits once.
+//!
+//! Bytes moved by the oracle (the minimum traffic of this algorithm):
+//!     fwd reads logits (4·B·T·V) + bwd reads logits (4·B·T·V) + bwd writes dlogits (4·B·T·V)
+//!     = 12·B·T·V bytes; GB/s = that / median time (GB = 1e9 bytes).
+//! Memory copy: `copy_from_slice` of the logits buffer into the dlogits buffer (the same
+//! buffers the oracle streams, so no extra memory), counted the same way: read + write =
+//! 2·4·B·T·V bytes per copy. Single thread and rayon over all pool threads; the oracle is
+//! compared with the rayon figure (it is parallel over rows with rayon).
+//! Ratio = memcpy GB/s / oracle GB/s (how many times slower than a copy; target ≤ 3).
+//!
+//! Input generation (`Inputs::generate`) is timed and reported separately; it is not part
+//! of the oracle figure. The dlogits buffer is allocated and touched once before timing,
+//! so page faults are not timed (a steady-state figure).
+
+use grpo_conformance::cases::{load_file, Case};
+use grpo_conformance::inputs::Inputs;
+use grpo_conformance::oracle::{self, Oracle, DEFAULT_CHUNK};
+use grpo_conformance::spec::DType;
+use rayon::prelude::*;
+use std::time::Instant;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(s) => s.trim().parse().unwrap_or_else(|_| panic!("{name}={s}: not a positive integer")),
+        Err(_) => default,
+    }
+}
+
+fn shape() -> (usize, usize, usize) {
+    let s = std::env::var("GRPO_BENCH_SHAPE").unwrap_or_else(|_| "1x8192x151936".into());
+    let p: Vec<usize> = s
+        .split(['x', 'X', ','])
+        .map(|x| x.trim().parse().unwrap_or_else(|_| panic!("GRPO_BENCH_SHAPE={s}: expected BxTxV")))
+        .collect();
+    assert!(p.len() == 3 && p.iter().all(|&n| n > 0), "GRPO_BENCH_SHAPE={s}: expected BxTxV");
+    (p[0], p[1], p[2])
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// CPU time (user + system) of this process so far, from /proc/self/stat (clock ticks of
+/// 1/100 s, the Linux USER_HZ).
+fn cpu_seconds() -> Option<f64> {
+    let st = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &st[st.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields after the command: state is field 3, utime 14, stime 15.
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+fn fmt_runs(xs: &[f64]) -> String {
+    xs.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(" ")
+}
+
+/// The case, built through the public YAML loader (same knobs as `cases/nightly.yaml`).
+fn make_case(b: usize, t: usize, v: usize) -> Case {
+    let yaml = format!(
+        "defaults: {{epsilon_low: 0.2, epsilon_high: 0.28, beta: 0.04}}\n\
+         groups:\n  - name: bench\n    suites: [nightly]\n    \
+         fixed: {{level: logits, dtype: f32, b: {b}, t: {t}, v: {v}}}\n"
+    );
+    let path = std::env::temp_dir().join(format!("grpo-oracle-bench-{}.yaml", std::process::id()));
+    std::fs::write(&path, yaml).expect("write temporary case file");
+    let cases = load_file(&path);
+    let _ = std::fs::remove_file(&path);
+    let mut cases = cases.expect("bench case");
+    assert_eq!(cases.len(), 1);
+    cases.pop().unwrap()
+}
+
+/// One fwd+bwd of the oracle into `dlogits`; returns (fwd, eval, bwd) seconds and the loss.
+fn oracle_once(case: &Case, inputs: &Inputs, dlogits: &mut [f32]) -> ([f64; 3], f64) {
+    let v = case.shape.v;
+    let t0 = Instant::now();
+    let stats = oracle::forward(case, inputs, DEFAULT_CHUNK);
+    let t1 = Instant::now();
+    let o = Oracle::with_stats(case, inputs, stats);
+    let t2 = Instant::now();
+    // As `oracle_outputs` stores them: rounded to the case dtype (the identity for f32;
+    // matched here because `DType::round` is not inlined across crates).
+    let dt = case.dtype;
+    dlogits.par_chunks_mut(v).enumerate().for_each(|(r, row)| match dt {
+        DType::F32 => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| row[j] = x as f32),
+        _ => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| row[j] = dt.round(x as f32)),
+    });
+    let t3 = Instant::now();
+    let s = |a: Instant, b: Instant| (b - a).as_secs_f64();
+    ([s(t0, t1), s(t1, t2), s(t2, t3)], o.loss)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; ignore arguments (no filtering: one benchmark).
+    let (b, t, v) = shape();
+    let runs = env_usize("GRPO_BENCH_RUNS", 3).max(1);
+    let copies = env_usize("GRPO_BENCH_COPIES", 5).max(1);
+    let threads = rayon::current_num_threads();
+    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+
+    println!("== oracle benchmark (f64 oracle, logits level, f32, fwd+bwd) ==");
+    println!("machine: nproc {nproc}, rayon threads {threads}, cpu {}, load average {}", cpu_model(), loadavg());
+    println!("shape:   B={b} T={t} V={v}  (rows {}, elements {})", b * t, b * t * v);
+
+    let case = make_case(b, t, v);
+    println!("case:    {}", case.id);
+
+    let t0 = Instant::now();
+    let inputs = Inputs::generate(&case);
+    let gen_s = t0.elapsed().as_secs_f64();
+    let n = b * t * v;
+    let buf_bytes = 4.0 * n as f64;
+    println!(
+        "inputs:  Inputs::generate {gen_s:.3} s  (logits {:.2} GB; not part of the oracle figure)",
+        buf_bytes / 1e9
+    );
+
+    // dlogits buffer, touched once so page faults are not timed.
+    let mut dlogits = vec![0f32; n];
+    dlogits.par_chunks_mut(1 << 20).for_each(|c| c.fill(1.0));
+
+    // Memory copy rate, same buffers, counted as read + write.
+    let copy_bytes = 2.0 * buf_bytes;
+    let mut st = Vec::new();
+    let mut mt = Vec::new();
+    for _ in 0..copies {
+        let t0 = Instant::now();
+        dlogits.copy_from_slice(&inputs.logits);
+        st.push(t0.elapsed().as_secs_f64());
+        let chunk = n.div_ceil(threads * 8).max(1 << 16);
+        let t0 = Instant::now();
+        dlogits
+            .par_chunks_mut(chunk)
+            .zip(inputs.logits.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        mt.push(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dlogits);
+    let (st_m, mt_m) = (median(&st), median(&mt));
+    let (st_gbs, mt_gbs) = (copy_bytes / st_m / 1e9, copy_bytes / mt_m / 1e9);
+    println!(
+        "memcpy:  {:.2} GB buffer, {copies} copies each, bytes = read + write = {:.2} GB per copy",
+        buf_bytes / 1e9,
+        copy_bytes / 1e9
+    );
+    println!("         1 thread:  median {st_m:.3} s  -> {st_gbs:.2} GB/s   (runs: {})", fmt_runs(&st));
+    println!(
+        "         {threads} threads: median {mt_m:.3} s  -> {mt_gbs:.2} GB/s   (runs: {})",
+        fmt_runs(&mt)
+    );
+
+    // Oracle.
+    let oracle_bytes = 3.0 * buf_bytes;
+    let mut tot = Vec::new();
+    let mut parts = [Vec::new(), Vec::new(), Vec::new()];
+    let mut loss = 0.0;
+    let cpu0 = cpu_seconds();
+    for _ in 0..runs {
+        let (p, l) = oracle_once(&case, &inputs, &mut dlogits);
+        loss = l;
+        for k in 0..3 {
+            parts[k].push(p[k]);
+        }
+        tot.push(p.iter().sum());
+    }
+    let cpu = cpu_seconds().zip(cpu0).map(|(a, b)| a - b);
+    std::hint::black_box(&dlogits);
+    let tm = median(&tot);
+    let gbs = oracle_bytes / tm / 1e9;
+    println!(
+        "oracle:  bytes = fwd reads logits {:.2} + bwd reads logits {:.2} + bwd writes dlogits {:.2} = {:.2} GB",
+        buf_bytes / 1e9,
+        buf_bytes / 1e9,
+        buf_bytes / 1e9,
+        oracle_bytes / 1e9
+    );
+    println!(
+        "         N={runs} runs, median {tm:.3} s  -> {gbs:.2} GB/s   (runs: {}; loss {loss:.9e})",
+        fmt_runs(&tot)
+    );
+    println!(
+        "         split (medians): fwd {:.3} s, eval {:.4} s, bwd {:.3} s",
+        median(&parts[0]),
+        median(&parts[1]),
+        median(&parts[2])
+    );
+    // Other processes on the machine slow the oracle down (it is compute-bound): say how
+    // much of the pool's cores it actually had.
+    if let Some(cpu) = cpu {
+        let wall: f64 = tot.iter().sum();
+        println!(
+            "         CPU time {cpu:.2} s over {wall:.2} s wall: {:.0}% of {threads} cores (load average now {}){}",
+            100.0 * cpu / (wall * threads as f64),
+            loadavg(),
+            if cpu < 0.85 * wall * threads as f64 { "  -- machine busy, figures pessimistic" } else { "" }
+        );
+    }
+    let ratio = mt_gbs / gbs;
+    println!(
+        "ratio:   memcpy({threads} threads) / oracle = {ratio:.2}x  (vs 1 thread: {:.2}x); target <= 3x: {}",
+        st_gbs / gbs,
+        if ratio <= 3.0 { "MET" } else { "NOT MET" }
+    );
+}
