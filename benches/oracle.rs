@@ -9,20 +9,28 @@
 //! - `GRPO_BENCH_RUNS`   timed oracle runs, the median is reported (default 3)
 //! - `GRPO_BENCH_COPIES` timed memory copies per mode, median reported (default 5)
 //!
-//! What is timed ("fwd+bwd", what `oracle_outputs` does at the logits level):
-//! 1. fwd:  `oracle::forward` (per-row streaming logsumexp / entropy), reads logits once;
-//! 2. eval: `Oracle::with_stats` (per-token loss, ratios, g; O(B·T), negligible);
-//! 3. bwd:  every dlogits row via `Oracle::dlogits_row`, stored as f32 into a [B,T,V]
-//!    buffer (rayon over rows); reads logits once more and writes dlogits once.
+//! What is timed, each run (B·T·V f32 dlogits into one [B,T,V] buffer):
 //!
-//! Bytes moved by the oracle (the minimum traffic of this algorithm):
-//!     fwd reads logits (4·B·T·V) + bwd reads logits (4·B·T·V) + bwd writes dlogits (4·B·T·V)
-//!     = 12·B·T·V bytes; GB/s = that / median time (GB = 1e9 bytes).
+//! - "fwd+bwd" (fused, what `oracle_outputs` does at the logits level):
+//!   `Oracle::with_dlogits_into`: per row (rayon), one exp per element for the forward
+//!   statistics and the gradient together (e^{s−m} kept in a per-thread f64 row buffer),
+//!   loss terms and g, then the dlogits row from the kept exponentials.
+//!   Bytes moved: reads logits once (4·B·T·V) + writes dlogits once (4·B·T·V) = 8·B·T·V.
+//! - "two-pass" (the previous path; the gates still use its rows), split into
+//!   fwd: `oracle::forward` (per-row streaming logsumexp / entropy), reads logits once;
+//!   eval: `Oracle::with_stats` (per-token loss, ratios, g; O(B·T), negligible);
+//!   bwd: every dlogits row via `Oracle::dlogits_row` (a second exp per element), stored
+//!   as f32, reads logits once more and writes dlogits once.
+//!   Bytes moved: 4·B·T·V (fwd) + 4·B·T·V + 4·B·T·V (bwd) = 12·B·T·V.
+//!
+//! GB/s = bytes / median time (GB = 1e9 bytes).
 //! Memory copy: `copy_from_slice` of the logits buffer into the dlogits buffer (the same
 //! buffers the oracle streams, so no extra memory), counted the same way: read + write =
-//! 2·4·B·T·V bytes per copy. Single thread and rayon over all pool threads; the oracle is
-//! compared with the rayon figure (it is parallel over rows with rayon).
-//! Ratio = memcpy GB/s / oracle GB/s (how many times slower than a copy; target ≤ 3).
+//! 2·4·B·T·V bytes per copy. Single thread and rayon over all pool threads.
+//! Ratio = memcpy GB/s / oracle GB/s (how many times slower than a copy; target ≤ 3 against
+//! the rayon copy, since the oracle is parallel over rows with rayon; the 1-thread ratio is
+//! printed too). For the fused path the bytes are the same as a copy's, so the ratio is
+//! simply oracle time / copy time.
 //!
 //! Input generation (`Inputs::generate`) is timed and reported separately; it is not part
 //! of the oracle figure. The dlogits buffer is allocated and touched once before timing,
@@ -112,16 +120,23 @@ fn make_case(b: usize, t: usize, v: usize) -> Case {
     cases.pop().unwrap()
 }
 
-/// One fwd+bwd of the oracle into `dlogits`; returns (fwd, eval, bwd) seconds and the loss.
-fn oracle_once(case: &Case, inputs: &Inputs, dlogits: &mut [f32]) -> ([f64; 3], f64) {
+/// One fused fwd+bwd of the oracle into `dlogits`; returns seconds and the loss.
+fn fused_once(case: &Case, inputs: &Inputs, dlogits: &mut [f32]) -> (f64, f64) {
+    let t0 = Instant::now();
+    let o = Oracle::with_dlogits_into(case, inputs, dlogits);
+    (t0.elapsed().as_secs_f64(), o.loss)
+}
+
+/// One two-pass fwd+bwd of the oracle into `dlogits`; returns (fwd, eval, bwd) seconds and the loss.
+fn two_pass_once(case: &Case, inputs: &Inputs, dlogits: &mut [f32]) -> ([f64; 3], f64) {
     let v = case.shape.v;
     let t0 = Instant::now();
     let stats = oracle::forward(case, inputs, DEFAULT_CHUNK);
     let t1 = Instant::now();
     let o = Oracle::with_stats(case, inputs, stats);
     let t2 = Instant::now();
-    // As `oracle_outputs` stores them: rounded to the case dtype (the identity for f32;
-    // matched here because `DType::round` is not inlined across crates).
+    // Rounded to the case dtype (the identity for f32; matched here because `DType::round`
+    // is not inlined across crates).
     let dt = case.dtype;
     dlogits.par_chunks_mut(v).enumerate().for_each(|(r, row)| match dt {
         DType::F32 => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| row[j] = x as f32),
@@ -140,7 +155,7 @@ fn main() {
     let threads = rayon::current_num_threads();
     let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
 
-    println!("== oracle benchmark (f64 oracle, logits level, f32, fwd+bwd) ==");
+    println!("== oracle benchmark (f64 oracle, logits level, f32, fwd+bwd: fused and two-pass) ==");
     println!("machine: nproc {nproc}, rayon threads {threads}, cpu {}, load average {}", cpu_model(), loadavg());
     println!("shape:   B={b} T={t} V={v}  (rows {}, elements {})", b * t, b * t * v);
 
@@ -191,15 +206,19 @@ fn main() {
         fmt_runs(&mt)
     );
 
-    // Oracle.
-    let oracle_bytes = 3.0 * buf_bytes;
-    let mut tot = Vec::new();
+    // Oracle: fused and two-pass runs alternate (same machine conditions for both).
+    let fused_bytes = 2.0 * buf_bytes;
+    let two_bytes = 3.0 * buf_bytes;
+    let (mut fu, mut tot) = (Vec::new(), Vec::new());
     let mut parts = [Vec::new(), Vec::new(), Vec::new()];
-    let mut loss = 0.0;
+    let (mut loss_f, mut loss_2) = (0.0, 0.0);
     let cpu0 = cpu_seconds();
     for _ in 0..runs {
-        let (p, l) = oracle_once(&case, &inputs, &mut dlogits);
-        loss = l;
+        let (s, l) = fused_once(&case, &inputs, &mut dlogits);
+        fu.push(s);
+        loss_f = l;
+        let (p, l) = two_pass_once(&case, &inputs, &mut dlogits);
+        loss_2 = l;
         for k in 0..3 {
             parts[k].push(p[k]);
         }
@@ -207,18 +226,29 @@ fn main() {
     }
     let cpu = cpu_seconds().zip(cpu0).map(|(a, b)| a - b);
     std::hint::black_box(&dlogits);
-    let tm = median(&tot);
-    let gbs = oracle_bytes / tm / 1e9;
+    let (fm, tm) = (median(&fu), median(&tot));
+    let (fgbs, gbs) = (fused_bytes / fm / 1e9, two_bytes / tm / 1e9);
     println!(
-        "oracle:  bytes = fwd reads logits {:.2} + bwd reads logits {:.2} + bwd writes dlogits {:.2} = {:.2} GB",
+        "fwd+bwd: fused (Oracle::with_dlogits_into): bytes = reads logits {:.2} + writes dlogits {:.2} = {:.2} GB",
         buf_bytes / 1e9,
         buf_bytes / 1e9,
-        buf_bytes / 1e9,
-        oracle_bytes / 1e9
+        fused_bytes / 1e9
     );
     println!(
-        "         N={runs} runs, median {tm:.3} s  -> {gbs:.2} GB/s   (runs: {}; loss {loss:.9e})",
-        fmt_runs(&tot)
+        "         N={runs} runs, median {fm:.3} s  -> {fgbs:.2} GB/s   (runs: {}; loss {loss_f:.9e})",
+        fmt_runs(&fu)
+    );
+    println!(
+        "two-pass: fwd + eval + bwd: bytes = fwd reads logits {:.2} + bwd reads logits {:.2} + bwd writes dlogits {:.2} = {:.2} GB",
+        buf_bytes / 1e9,
+        buf_bytes / 1e9,
+        buf_bytes / 1e9,
+        two_bytes / 1e9
+    );
+    println!(
+        "         N={runs} runs, median {tm:.3} s  -> {gbs:.2} GB/s   (runs: {}; loss {loss_2:.9e}{})",
+        fmt_runs(&tot),
+        if loss_2.to_bits() == loss_f.to_bits() { ", same bits as fused" } else { ", DIFFERS from fused" }
     );
     println!(
         "         split (medians): fwd {:.3} s, eval {:.4} s, bwd {:.3} s",
@@ -229,7 +259,7 @@ fn main() {
     // Other processes on the machine slow the oracle down (it is compute-bound): say how
     // much of the pool's cores it actually had.
     if let Some(cpu) = cpu {
-        let wall: f64 = tot.iter().sum();
+        let wall: f64 = tot.iter().chain(&fu).sum();
         println!(
             "         CPU time {cpu:.2} s over {wall:.2} s wall: {:.0}% of {threads} cores (load average now {}){}",
             100.0 * cpu / (wall * threads as f64),
@@ -237,10 +267,15 @@ fn main() {
             if cpu < 0.85 * wall * threads as f64 { "  -- machine busy, figures pessimistic" } else { "" }
         );
     }
-    let ratio = mt_gbs / gbs;
+    let verdict = |r: f64| if r <= 3.0 { "MET" } else { "NOT MET" };
+    let (fr, fr1) = (mt_gbs / fgbs, st_gbs / fgbs);
     println!(
-        "ratio:   memcpy({threads} threads) / oracle = {ratio:.2}x  (vs 1 thread: {:.2}x); target <= 3x: {}",
-        st_gbs / gbs,
-        if ratio <= 3.0 { "MET" } else { "NOT MET" }
+        "ratio:   fused fwd+bwd: memcpy({threads} threads) / oracle = {fr:.2}x, memcpy(1 thread) / oracle = {fr1:.2}x; target <= 3x ({threads} threads): {}",
+        verdict(fr)
+    );
+    let (r2, r21) = (mt_gbs / gbs, st_gbs / gbs);
+    println!(
+        "         two-pass:      memcpy({threads} threads) / oracle = {r2:.2}x, memcpy(1 thread) / oracle = {r21:.2}x; target <= 3x ({threads} threads): {}",
+        verdict(r2)
     );
 }

@@ -5,6 +5,11 @@ mod cli;
 use clap::Parser;
 
 fn main() {
+    // The XLA CPU plugin logs INFO lines through absl: keep warnings and errors unless the
+    // user chose otherwise. Set before any thread exists (the environment is process-wide).
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
+    }
     let args = cli::Cli::parse();
     if let Err(e) = cli::dispatch(args) {
         // One clear line (plus causes), never a panic backtrace.

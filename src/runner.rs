@@ -57,11 +57,10 @@ impl TrialOutcome {
 
     /// The failing gate with the largest relative error, or the worst passing one.
     pub fn worst(&self) -> Option<&GateReport> {
-        self.gates
-            .iter()
-            .filter(|g| !g.passed)
-            .chain(self.gates.iter())
-            .max_by(|a, b| (!a.passed, a.norm_err).partial_cmp(&(!b.passed, b.norm_err)).unwrap_or(std::cmp::Ordering::Equal))
+        // Failing before passing, then by error (NaN errors of failed shape checks sort as equal).
+        self.gates.iter().max_by(|a, b| {
+            (!a.passed, a.norm_err).partial_cmp(&(!b.passed, b.norm_err)).unwrap_or(std::cmp::Ordering::Equal)
+        })
     }
 
     /// A multi-line explanation of a failure (one line per failing gate).

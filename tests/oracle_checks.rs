@@ -13,6 +13,25 @@ fn case(fixed: &str) -> Case {
     parse_fixed(fixed).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
+/// The log-ratio that decides row r's branch (token level: its own; sequence level: the
+/// masked mean of its sequence).
+fn log_ratio(c: &Case, inp: &Inputs, o: &Oracle, r: usize) -> f64 {
+    let lr = |i: usize| o.per_token_logp()[i] - inp.old_logp[i] as f64;
+    match c.knobs.importance_sampling_level {
+        grpo_conformance::spec::IsLevel::Token => lr(r),
+        grpo_conformance::spec::IsLevel::Sequence => {
+            let t = c.shape.t;
+            let b = r / t;
+            let (mut num, mut den) = (0.0, 0.0);
+            for i in b * t..(b + 1) * t {
+                num += inp.mask[i] as f64 * lr(i);
+                den += inp.mask[i] as f64;
+            }
+            num / den.max(1.0)
+        }
+    }
+}
+
 fn dlogits(c: &Case, inp: &Inputs, o: &Oracle) -> Vec<f64> {
     let v = c.shape.v;
     let mut d = vec![0.0; c.shape.rows() * v];
@@ -245,14 +264,111 @@ proptest! {
             prop_assert!(o.entropy()[r] >= -1e-12 && o.entropy()[r] <= (v as f64).ln() + 1e-9);
             prop_assert!(o.per_token_logp()[r] <= 1e-12);
         }
-        // One finite-difference spot check on the chosen logit of an unambiguous row.
-        if let Some(r) = (0..c.shape.rows()).find(|&r| o.g_alt[r].is_none() && inp.mask[r] != 0.0) {
+        // One finite-difference spot check on the chosen logit of a row whose ratio the FD
+        // step cannot push across a branch edge (the step moves logp, hence log r, by at
+        // most h/τ; a central difference across a kink measures the average of two slopes).
+        let h = 2f64.powi(-10);
+        let far = |r: usize| {
+            let lr = log_ratio(&c, &inp, &o, r);
+            let k = &c.knobs;
+            let mut edges = vec![(1.0 - k.epsilon_low).ln(), (1.0 + k.epsilon_high).ln()];
+            edges.extend(k.delta.map(f64::ln));
+            edges.iter().all(|e| (lr - e).abs() > 4.0 * h / k.temperature)
+        };
+        if let Some(r) = (0..c.shape.rows()).find(|&r| o.g_alt[r].is_none() && inp.mask[r] != 0.0 && far(r)) {
             let i = r * v + inp.chosen_ids[r] as usize;
             if inp.logits[i].abs() < 1000.0 {
                 let num = fd(&c, &inp, |p| &mut p.logits[i]);
                 let scale = d.iter().fold(0f64, |a, x| a.max(x.abs())).max(1e-3);
                 prop_assert!((num - d[i]).abs() <= 1e-4 * scale, "analytic {} numeric {}", d[i], num);
             }
+        }
+    }
+}
+
+/// The fused forward+backward (`Oracle::with_dlogits`, `Oracle::with_dlogits_into`) against
+/// the two-pass oracle (`Oracle::new` + `dlogits_row`): the oracle itself is the same bits
+/// (same forward kernel, same per-token function), the f64 dlogits agree to f64 rounding,
+/// the f32 buffer is exactly the f64 rows rounded to the case dtype.
+#[rstest]
+#[case::spike("b: 2, t: 33, v: 2100, profile: spike, beta: 0.04")]
+#[case::large_tau("b: 2, t: 17, v: 4100, profile: large, temperature: 0.7, beta: 0.1")]
+#[case::zeros_masked("b: 3, t: 5, v: 300, profile: zeros, mask: zero_row, beta: 0.04")]
+#[case::extreme_bnpo("b: 2, t: 9, v: 2049, profile: extreme_ratio, delta: 3.0, beta: 0.04, loss_type: bnpo")]
+#[case::dr_grpo_delta("b: 2, t: 9, v: 5000, loss_type: dr_grpo, max_completion_length: 12, temperature: 1.3, delta: 1.5, mask: left_pad")]
+#[case::bf16("b: 2, t: 8, v: 3001, dtype: bf16, beta: 0.04, temperature: 0.9")]
+#[case::ratio_edges("b: 2, t: 14, v: 33, profile: ratio_edges, delta: 1.5, mask: all, advantages: negative")]
+#[case::normal5_right_pad("b: 3, t: 7, v: 151, profile: normal5, mask: right_pad, beta: 0.5, temperature: 1.7")]
+#[case::sequence_fallback("b: 2, t: 6, v: 700, importance_sampling_level: sequence, beta: 0.04, loss_type: bnpo")]
+#[case::fused_level("b: 2, t: 3, v: 9, h: 4, level: fused, beta: 0.04")]
+fn fused_forward_backward_matches_the_two_pass_oracle(#[case] fixed: &str) {
+    let c = case(fixed);
+    let inp = Inputs::generate(&c);
+    let (rows, v) = (c.shape.rows(), c.shape.v);
+    let two = Oracle::new(&c, &inp);
+    let fused_rows = std::sync::Mutex::new(vec![f64::NAN; rows * v]);
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let o = Oracle::with_dlogits(&c, &inp, |r, d| {
+        calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        fused_rows.lock().unwrap()[r * v..(r + 1) * v].copy_from_slice(d);
+    });
+    assert_eq!(calls.into_inner(), rows);
+    let fused_rows = fused_rows.into_inner().unwrap();
+
+    // The oracle: bit for bit.
+    let bits = |a: &[f64]| a.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(o.loss.to_bits(), two.loss.to_bits(), "{}: loss", c.id);
+    assert_eq!(o.loss_scale.to_bits(), two.loss_scale.to_bits());
+    for (name, a, b) in [
+        ("logp", o.per_token_logp(), two.per_token_logp()),
+        ("entropy", o.entropy(), two.entropy()),
+        ("lse", &o.stats.lse[..], &two.stats.lse[..]),
+        ("per_token_loss", &o.per_token_loss[..], &two.per_token_loss[..]),
+        ("kl", &o.kl[..], &two.kl[..]),
+        ("g", &o.g[..], &two.g[..]),
+        ("weight", &o.weight[..], &two.weight[..]),
+        ("scale_loss", &o.scale_loss[..], &two.scale_loss[..]),
+    ] {
+        assert_eq!(bits(a), bits(b), "{}: {name}", c.id);
+    }
+    assert_eq!(o.clipped, two.clipped);
+    assert_eq!(o.clipped_ambiguous, two.clipped_ambiguous);
+    assert_eq!(format!("{:?}", o.g_alt), format!("{:?}", two.g_alt));
+
+    // dlogits: a few ulp relative; or, for tiny elements, 1e-15·|g|/τ absolute; or, where p
+    // is computed at a large |s| or |lse|, within 4ε of the two-pass kernel's own error
+    // scale |g|/τ·(1[v=y] + p·(|s| + |lse| + 1)) (its exp(s − lse) is only that accurate).
+    let eps = f64::EPSILON;
+    let (mut worst_rel, mut worst_scaled) = (0f64, 0f64);
+    for r in 0..rows {
+        let cabs = (two.g[r] / c.knobs.temperature).abs();
+        two.dlogits_row(&c, &inp, r, two.g[r], |j, x, scale| {
+            let d = fused_rows[r * v + j];
+            let diff = (d - x).abs();
+            assert!(d.is_finite(), "{}: row {r} v {j}: {d}", c.id);
+            if inp.mask[r] == 0.0 {
+                assert_eq!(d, 0.0, "{}: masked row {r}", c.id);
+            }
+            let rel = diff / x.abs().max(f64::MIN_POSITIVE);
+            worst_rel = worst_rel.max(rel.min(diff / (eps * scale).max(f64::MIN_POSITIVE)));
+            worst_scaled = worst_scaled.max(diff / (eps * scale).max(f64::MIN_POSITIVE));
+            assert!(
+                rel <= 4.0 * eps || diff <= 1e-15 * cabs || diff <= 4.0 * eps * scale,
+                "{}: row {r} v {j}: fused {d:e} vs two-pass {x:e} (|g|/τ {cabs:e}, scale {scale:e})",
+                c.id
+            );
+        });
+    }
+    eprintln!("{}: worst |Δ|/(ε·scale) {worst_scaled:.2}", c.id);
+
+    // The f32 buffer: the f64 rows rounded to the case dtype, exactly; oracle again the same.
+    if c.level == grpo_conformance::spec::Level::Logits {
+        let mut buf = vec![f32::NAN; rows * v];
+        let o2 = Oracle::with_dlogits_into(&c, &inp, &mut buf);
+        assert_eq!(o2.loss.to_bits(), two.loss.to_bits());
+        assert_eq!(bits(&o2.g), bits(&two.g));
+        for (i, (&a, &b)) in buf.iter().zip(&fused_rows).enumerate() {
+            assert_eq!(a.to_bits(), c.dtype.round(b as f32).to_bits(), "{}: element {i}", c.id);
         }
     }
 }

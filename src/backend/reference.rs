@@ -29,9 +29,19 @@ impl ReferenceBackend {
     }
 }
 
-/// The oracle's outputs as an implementation would return them.
-pub fn oracle_outputs(case: &Case, inputs: &Inputs, o: &Oracle) -> Outputs {
+/// The oracle's outputs as an implementation would return them (the oracle evaluated
+/// here: at the logits level in one fused forward+backward pass, [`Oracle::with_dlogits_into`],
+/// dlogits rounded to the case dtype).
+pub fn oracle_outputs(case: &Case, inputs: &Inputs) -> Outputs {
     let s = case.shape;
+    let mut dlogits = Vec::new();
+    let o = match case.level {
+        Level::Logits => {
+            dlogits = vec![0f32; s.rows() * s.v];
+            Oracle::with_dlogits_into(case, inputs, &mut dlogits)
+        }
+        Level::Fused => Oracle::new(case, inputs),
+    };
     let bt = vec![s.b, s.t];
     let f = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
     let mut out = Outputs::default();
@@ -43,15 +53,7 @@ pub fn oracle_outputs(case: &Case, inputs: &Inputs, o: &Oracle) -> Outputs {
     out.insert(OutputName::Entropy, bt, f(o.entropy()));
     let round = |x: f64| case.dtype.round(x as f32);
     match case.level {
-        Level::Logits => {
-            let v = s.v;
-            let mut d = vec![0f32; s.rows() * v];
-            use rayon::prelude::*;
-            d.par_chunks_mut(v).enumerate().for_each(|(r, row)| {
-                o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| row[j] = round(x));
-            });
-            out.insert(OutputName::Dlogits, vec![s.b, s.t, v], d);
-        }
+        Level::Logits => out.insert(OutputName::Dlogits, vec![s.b, s.t, s.v], dlogits),
         Level::Fused => {
             let g = o.fused_grads(case, inputs);
             let h = s.h.unwrap_or(0);
@@ -82,7 +84,7 @@ impl Backend for ReferenceBackend {
     fn run(&self, implementation: &str, case: &Case, inputs: &Inputs, opts: &RunOptions) -> anyhow::Result<RunResult> {
         let once = || -> anyhow::Result<Outputs> {
             Ok(match implementation {
-                "oracle" => oracle_outputs(case, inputs, &Oracle::new(case, inputs)),
+                "oracle" => oracle_outputs(case, inputs),
                 "naive_f32" => NaiveF32::default().run(case, inputs),
                 other => anyhow::bail!("reference backend has no implementation `{other}`"),
             })

@@ -11,7 +11,7 @@ pub use fused::FusedGrads;
 
 use crate::cases::Case;
 use crate::inputs::Inputs;
-use crate::spec::{IsLevel, Level, LogitsDtype, LossType};
+use crate::spec::{DType, IsLevel, Level, LogitsDtype, LossType};
 use rayon::prelude::*;
 
 /// Version of the oracle's arithmetic; part of every golden file's provenance.
@@ -136,6 +136,158 @@ fn is_clipped(r: f64, a: f64, k: &crate::spec::Knobs) -> bool {
     (r < 1.0 - k.epsilon_low && a < 0.0) || (r > 1.0 + k.epsilon_high && a > 0.0)
 }
 
+/// Aggregation weight of every token (mask-only) and Σ_t m per sequence.
+fn weights(case: &Case, inputs: &Inputs) -> (Vec<f64>, Vec<f64>) {
+    let k = &case.knobs;
+    let (b_n, t_n) = (case.shape.b, case.shape.t);
+    let rows = b_n * t_n;
+    let m = |i: usize| inputs.mask[i] as f64;
+    let msum: Vec<f64> = (0..b_n).map(|b| (0..t_n).map(|t| m(b * t_n + t)).sum()).collect();
+    let mtot: f64 = msum.iter().sum();
+    let weight: Vec<f64> = (0..rows)
+        .map(|i| {
+            let b = i / t_n;
+            m(i) * match k.loss_type {
+                LossType::Grpo => 1.0 / msum[b].max(1.0) / b_n as f64,
+                LossType::Bnpo => 1.0 / mtot.max(1.0),
+                LossType::DrGrpo => 1.0 / (b_n as f64 * k.max_completion_length.unwrap_or(t_n) as f64),
+            }
+        })
+        .collect();
+    (weight, msum)
+}
+
+/// Everything of one token that follows from its logp (and log-ratio).
+#[derive(Debug, Clone, Copy, Default)]
+struct TokenTerms {
+    loss: f64,
+    kl: f64,
+    clipped: bool,
+    clipped_ambiguous: bool,
+    g: f64,
+    g_alt: Option<f64>,
+    scale_kl: f64,
+    scale_loss: f64,
+}
+
+/// What a token's terms are computed from.
+#[derive(Debug, Clone, Copy)]
+struct TokenIn {
+    /// Advantage of the sequence.
+    a: f64,
+    /// log p of the chosen token.
+    logp: f64,
+    /// Log-ratio (token level: logp − old_logp; sequence level: the sequence's).
+    log_r: f64,
+    old_logp: f64,
+    ref_logp: f64,
+    /// Mask and aggregation weight of the token.
+    mask: f64,
+    weight: f64,
+    /// Error scale of logp.
+    scale_logp: f64,
+    /// Sequence level only: Σ_t w_t and Σ_t m_t of the sequence.
+    wsum: f64,
+    msum: f64,
+}
+
+/// The SPEC's per-token formulas: ℓ, kl, clipped, g (and g on the other side of a nearby
+/// branch edge), error scales. The one place the GRPO arithmetic lives.
+fn token_terms(k: &crate::spec::Knobs, t: TokenIn) -> TokenTerms {
+    let a = t.a;
+    let r = t.log_r.exp();
+    let r_d = k.delta.map_or(r, |d| r.min(d));
+    let r_c = r.clamp(1.0 - k.epsilon_low, 1.0 + k.epsilon_high);
+    let pg = -(r_d * a).min(r_c * a);
+    let x = t.ref_logp - t.logp;
+    let kl = x.exp() - x - 1.0;
+    let l = pg + k.beta * kl;
+
+    let (r_lo, r_hi) = ((t.log_r - EDGE_BAND).exp(), (t.log_r + EDGE_BAND).exp());
+    let clipped = is_clipped(r, a, k);
+    let clipped_ambiguous = is_clipped(r_lo, a, k) != clipped || is_clipped(r_hi, a, k) != clipped;
+
+    // ∂pg/∂log r per token under a branch decision.
+    let dpg = |r: f64, a: f64, unclip: bool| if unclip { -a * r } else { 0.0 };
+    let unclip = unclipped(r, a, k);
+    let ambiguous = unclipped(r_lo, a, k) != unclip || unclipped(r_hi, a, k) != unclip;
+    let dkl = k.beta * (1.0 - x.exp());
+    let grad = |u: bool| match k.importance_sampling_level {
+        IsLevel::Token => t.weight * (dpg(r, a, u) + dkl),
+        IsLevel::Sequence => t.wsum * dpg(r, a, u) * t.mask / t.msum.max(1.0) + t.weight * dkl,
+    };
+
+    // Error scales: |∂out/∂(log r or logp)| times the magnitude logp is computed at,
+    // plus the output's own magnitude (rounding of the final operations).
+    let sl = t.scale_logp + t.old_logp.abs() + 1.0;
+    let scale_kl = (x.exp() - 1.0).abs() * (sl + t.ref_logp.abs()) + x.exp() + x.abs() + 1.0;
+    TokenTerms {
+        loss: l,
+        kl,
+        clipped,
+        clipped_ambiguous,
+        g: grad(unclip),
+        g_alt: if ambiguous { Some(grad(!unclip)) } else { None },
+        scale_kl,
+        scale_loss: a.abs() * r.max(r_c) * sl + k.beta * scale_kl + l.abs(),
+    }
+}
+
+/// Error scale of logp / entropy of row `i`.
+fn scale_logp(stats: &TokenStats, i: usize) -> f64 {
+    stats.lse[i].abs() + stats.abs_max[i]
+}
+
+/// Writes dlogits row `r` through the two-pass kernel (the fallback of the fused path).
+fn dlogits_row_into(o: &Oracle, case: &Case, inputs: &Inputs, r: usize, out: &mut [f32]) {
+    let dt = case.dtype;
+    match dt {
+        DType::F32 => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| out[j] = x as f32),
+        _ => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| out[j] = dt.round(x as f32)),
+    }
+}
+
+/// One row of the fused path (token level): forward statistics through `keep` (which
+/// keeps the row's exponentials), then the token's terms.
+fn fused_row<K: row::Keep>(
+    case: &Case,
+    inputs: &Inputs,
+    weight: &[f64],
+    r: usize,
+    logits: &mut Vec<f64>,
+    keep: &mut K,
+) -> (row::RowStats, TokenTerms) {
+    debug_assert!(Oracle::fuses(case));
+    let v = case.shape.v;
+    let inv_tau = 1.0 / case.knobs.temperature;
+    let y = inputs.chosen_ids[r] as usize;
+    let st = match case.level {
+        Level::Logits => row::forward_with(&inputs.logits[r * v..(r + 1) * v], y, inv_tau, DEFAULT_CHUNK, keep),
+        Level::Fused => {
+            logits.resize(v, 0.0);
+            fused_logits_row(case, inputs, r, logits);
+            row::forward_with(logits, y, inv_tau, DEFAULT_CHUNK, keep)
+        }
+    };
+    let old = inputs.old_logp[r] as f64;
+    let t = token_terms(
+        &case.knobs,
+        TokenIn {
+            a: inputs.advantages[r / case.shape.t] as f64,
+            logp: st.logp,
+            log_r: st.logp - old,
+            old_logp: old,
+            ref_logp: inputs.ref_logp[r] as f64,
+            mask: inputs.mask[r] as f64,
+            weight: weight[r],
+            scale_logp: st.lse.abs() + st.abs_max,
+            wsum: 0.0, // sequence level only
+            msum: 0.0,
+        },
+    );
+    (st, t)
+}
+
 impl Oracle {
     /// Evaluates a case (forward statistics computed here).
     pub fn new(case: &Case, inputs: &Inputs) -> Oracle {
@@ -144,29 +296,13 @@ impl Oracle {
 
     /// Evaluates a case from precomputed forward statistics.
     pub fn with_stats(case: &Case, inputs: &Inputs, stats: TokenStats) -> Oracle {
-        let k = &case.knobs;
         let (b_n, t_n) = (case.shape.b, case.shape.t);
         let rows = b_n * t_n;
+        let (weight, msum) = weights(case, inputs);
         let m = |i: usize| inputs.mask[i] as f64;
-        let msum: Vec<f64> = (0..b_n).map(|b| (0..t_n).map(|t| m(b * t_n + t)).sum()).collect();
-        let mtot: f64 = msum.iter().sum();
-        let weight: Vec<f64> = (0..rows)
-            .map(|i| {
-                let b = i / t_n;
-                m(i) * match k.loss_type {
-                    LossType::Grpo => 1.0 / msum[b].max(1.0) / b_n as f64,
-                    LossType::Bnpo => 1.0 / mtot.max(1.0),
-                    LossType::DrGrpo => {
-                        1.0 / (b_n as f64 * k.max_completion_length.unwrap_or(t_n) as f64)
-                    }
-                }
-            })
-            .collect();
-
         let logp = &stats.logp;
-        let scale_logp: Vec<f64> = (0..rows).map(|i| stats.lse[i].abs() + stats.abs_max[i]).collect();
         // Log-ratio per token (sequence level: the masked mean, shared by the sequence).
-        let log_r: Vec<f64> = match k.importance_sampling_level {
+        let log_r: Vec<f64> = match case.knobs.importance_sampling_level {
             IsLevel::Token => (0..rows).map(|i| logp[i] - inputs.old_logp[i] as f64).collect(),
             IsLevel::Sequence => {
                 let per_b: Vec<f64> = (0..b_n)
@@ -183,69 +319,158 @@ impl Oracle {
                 (0..rows).map(|i| per_b[i / t_n]).collect()
             }
         };
+        // Sequence level: Σ_t w_t of the sequence, the factor of ∂log_r/∂logp_t.
+        let wsum: Vec<f64> = (0..b_n).map(|b| (0..t_n).map(|t| weight[b * t_n + t]).sum()).collect();
+        let terms: Vec<TokenTerms> = (0..rows)
+            .map(|i| {
+                let b = i / t_n;
+                token_terms(
+                    &case.knobs,
+                    TokenIn {
+                        a: inputs.advantages[b] as f64,
+                        logp: logp[i],
+                        log_r: log_r[i],
+                        old_logp: inputs.old_logp[i] as f64,
+                        ref_logp: inputs.ref_logp[i] as f64,
+                        mask: m(i),
+                        weight: weight[i],
+                        scale_logp: scale_logp(&stats, i),
+                        wsum: wsum[b],
+                        msum: msum[b],
+                    },
+                )
+            })
+            .collect();
+        Self::assemble(stats, weight, &terms)
+    }
 
+    /// The oracle from its per-token parts; the loss is summed in token order.
+    fn assemble(stats: TokenStats, weight: Vec<f64>, terms: &[TokenTerms]) -> Oracle {
+        let rows = terms.len();
         let mut out = Oracle {
             loss: 0.0,
             loss_scale: 0.0,
-            per_token_loss: vec![0.0; rows],
-            kl: vec![0.0; rows],
-            clipped: vec![false; rows],
-            clipped_ambiguous: vec![false; rows],
-            g: vec![0.0; rows],
-            g_alt: vec![None; rows],
+            per_token_loss: Vec::with_capacity(rows),
+            kl: Vec::with_capacity(rows),
+            clipped: Vec::with_capacity(rows),
+            clipped_ambiguous: Vec::with_capacity(rows),
+            g: Vec::with_capacity(rows),
+            g_alt: Vec::with_capacity(rows),
+            scale_kl: Vec::with_capacity(rows),
+            scale_loss: Vec::with_capacity(rows),
+            scale_logp: (0..rows).map(|i| scale_logp(&stats, i)).collect(),
             weight,
-            scale_kl: vec![0.0; rows],
-            scale_loss: vec![0.0; rows],
-            scale_logp,
             stats,
         };
-        // ∂pg/∂log r per token under a branch decision.
-        let dpg = |r: f64, a: f64, unclip: bool| if unclip { -a * r } else { 0.0 };
-        // Sequence level: Σ_t w_t of the sequence, the factor of ∂log_r/∂logp_t.
-        let wsum: Vec<f64> =
-            (0..b_n).map(|b| (0..t_n).map(|t| out.weight[b * t_n + t]).sum()).collect();
-
-        for i in 0..rows {
-            let b = i / t_n;
-            let a = inputs.advantages[b] as f64;
-            let lp = out.stats.logp[i];
-            let r = log_r[i].exp();
-            let r_d = k.delta.map_or(r, |d| r.min(d));
-            let r_c = r.clamp(1.0 - k.epsilon_low, 1.0 + k.epsilon_high);
-            let pg = -(r_d * a).min(r_c * a);
-            let x = inputs.ref_logp[i] as f64 - lp;
-            let kl = x.exp() - x - 1.0;
-            let l = pg + k.beta * kl;
-            out.per_token_loss[i] = l;
-            out.kl[i] = kl;
-            out.loss += out.weight[i] * l;
-
-            let (r_lo, r_hi) = ((log_r[i] - EDGE_BAND).exp(), (log_r[i] + EDGE_BAND).exp());
-            out.clipped[i] = is_clipped(r, a, k);
-            out.clipped_ambiguous[i] =
-                is_clipped(r_lo, a, k) != out.clipped[i] || is_clipped(r_hi, a, k) != out.clipped[i];
-
-            let unclip = unclipped(r, a, k);
-            let ambiguous = unclipped(r_lo, a, k) != unclip || unclipped(r_hi, a, k) != unclip;
-            let dkl = k.beta * (1.0 - x.exp());
-            let grad = |u: bool| match k.importance_sampling_level {
-                IsLevel::Token => out.weight[i] * (dpg(r, a, u) + dkl),
-                IsLevel::Sequence => {
-                    wsum[b] * dpg(r, a, u) * m(i) / msum[b].max(1.0) + out.weight[i] * dkl
-                }
-            };
-            out.g[i] = grad(unclip);
-            out.g_alt[i] = if ambiguous { Some(grad(!unclip)) } else { None };
-
-            // Error scales: |∂out/∂(log r or logp)| times the magnitude logp is computed at,
-            // plus the output's own magnitude (rounding of the final operations).
-            let sl = out.scale_logp[i] + (inputs.old_logp[i] as f64).abs() + 1.0;
-            out.scale_kl[i] =
-                (x.exp() - 1.0).abs() * (sl + (inputs.ref_logp[i] as f64).abs()) + x.exp() + x.abs() + 1.0;
-            out.scale_loss[i] = a.abs() * r.max(r_c) * sl + k.beta * out.scale_kl[i] + l.abs();
-            out.loss_scale += out.weight[i] * out.scale_loss[i];
+        for (i, t) in terms.iter().enumerate() {
+            out.per_token_loss.push(t.loss);
+            out.kl.push(t.kl);
+            out.clipped.push(t.clipped);
+            out.clipped_ambiguous.push(t.clipped_ambiguous);
+            out.g.push(t.g);
+            out.g_alt.push(t.g_alt);
+            out.scale_kl.push(t.scale_kl);
+            out.scale_loss.push(t.scale_loss);
+            out.loss += out.weight[i] * t.loss;
+            out.loss_scale += out.weight[i] * t.scale_loss;
         }
         out
+    }
+
+    /// Whether [`Oracle::with_dlogits`] computes each element's exp once for this case:
+    /// token-level importance sampling (each token's g needs only its own logp). At
+    /// sequence level g needs every logp of the sequence first, and the two-pass path runs.
+    pub fn fuses(case: &Case) -> bool {
+        case.knobs.importance_sampling_level == IsLevel::Token
+    }
+
+    /// Evaluates a case and produces every dlogits row in the same pass: `put_row(r, row)`
+    /// receives dlogits row `r` in f64 (called once per row, from rayon worker threads, in
+    /// no particular order). Fused when [`Oracle::fuses`] (one exp per element for forward
+    /// and gradient together); otherwise [`Oracle::new`] then [`Oracle::dlogits_row`].
+    /// Either way the returned oracle is bit for bit [`Oracle::new`]'s (the fused forward
+    /// kernel is the same code), and the rows agree with [`Oracle::dlogits_row`] to f64
+    /// rounding. Logits and fused level alike (at the fused level the rows are
+    /// hidden @ lm_head, as in [`fused_logits_row`]).
+    pub fn with_dlogits(case: &Case, inputs: &Inputs, put_row: impl Fn(usize, &[f64]) + Sync) -> Oracle {
+        let v = case.shape.v;
+        if !Self::fuses(case) {
+            let o = Self::new(case, inputs);
+            (0..case.shape.rows()).into_par_iter().for_each_init(
+                || vec![0f64; v],
+                |d, r| {
+                    o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| d[j] = x);
+                    put_row(r, d);
+                },
+            );
+            return o;
+        }
+        let inv_tau = 1.0 / case.knobs.temperature;
+        let (weight, _) = weights(case, inputs);
+        let per_row: Vec<(row::RowStats, TokenTerms)> = (0..case.shape.rows())
+            .into_par_iter()
+            .map_init(
+                || (row::ExpRow::default(), Vec::new(), vec![0f64; v]),
+                |(keep, logits, d), r| {
+                    keep.prepare(v, DEFAULT_CHUNK);
+                    let (st, t) = fused_row(case, inputs, &weight, r, logits, keep);
+                    row::gradient_from_exp(keep, inputs.chosen_ids[r] as usize, t.g * inv_tau, d, |x| x);
+                    put_row(r, d);
+                    (st, t)
+                },
+            )
+            .collect();
+        Self::assemble_rows(per_row, weight)
+    }
+
+    /// [`Oracle::with_dlogits`] into a [B,T,V] f32 buffer, each element rounded to the
+    /// case dtype (as an implementation returns dlogits; what `oracle_outputs` stores).
+    pub fn with_dlogits_into(case: &Case, inputs: &Inputs, dlogits: &mut [f32]) -> Oracle {
+        let v = case.shape.v;
+        assert_eq!(dlogits.len(), case.shape.rows() * v, "dlogits buffer is not [B,T,V]");
+        if !Self::fuses(case) {
+            let o = Self::new(case, inputs);
+            dlogits.par_chunks_mut(v).enumerate().for_each(|(r, out)| dlogits_row_into(&o, case, inputs, r, out));
+            return o;
+        }
+        let dt = case.dtype;
+        match dt {
+            DType::F32 => Self::fused_into(case, inputs, dlogits, |x| x as f32),
+            _ => Self::fused_into(case, inputs, dlogits, move |x| dt.round(x as f32)),
+        }
+    }
+
+    /// The fused pass into an f32 buffer, rows in parallel.
+    fn fused_into(case: &Case, inputs: &Inputs, dlogits: &mut [f32], conv: impl Fn(f64) -> f32 + Copy + Sync) -> Oracle {
+        let v = case.shape.v;
+        let inv_tau = 1.0 / case.knobs.temperature;
+        let (weight, _) = weights(case, inputs);
+        let per_row: Vec<(row::RowStats, TokenTerms)> = dlogits
+            .par_chunks_mut(v)
+            .enumerate()
+            .map_init(
+                || (row::ExpRow::default(), Vec::new()),
+                |(keep, logits), (r, out)| {
+                    keep.prepare(v, DEFAULT_CHUNK);
+                    let (st, t) = fused_row(case, inputs, &weight, r, logits, keep);
+                    row::gradient_from_exp_f32(keep, inputs.chosen_ids[r] as usize, t.g * inv_tau, out, conv);
+                    (st, t)
+                },
+            )
+            .collect();
+        Self::assemble_rows(per_row, weight)
+    }
+
+    /// The oracle from the fused path's per-row results (in row order).
+    fn assemble_rows(per_row: Vec<(row::RowStats, TokenTerms)>, weight: Vec<f64>) -> Oracle {
+        let stats = TokenStats {
+            lse: per_row.iter().map(|p| p.0.lse).collect(),
+            logp: per_row.iter().map(|p| p.0.logp).collect(),
+            entropy: per_row.iter().map(|p| p.0.entropy).collect(),
+            abs_max: per_row.iter().map(|p| p.0.abs_max).collect(),
+        };
+        let terms: Vec<TokenTerms> = per_row.iter().map(|p| p.1).collect();
+        Self::assemble(stats, weight, &terms)
     }
 
     /// log-probability of the chosen tokens.

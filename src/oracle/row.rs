@@ -80,18 +80,199 @@ pub fn forward<T: Copy + Into<f64> + PartialOrd>(z: &[T], y: usize, inv_tau: f64
     {
         if simd::avx512() {
             // SAFETY: the CPU has the features the function is compiled for.
-            return unsafe { simd::forward_avx512(z, y, inv_tau, chunk) };
+            return unsafe { simd::forward_avx512(z, y, inv_tau, chunk, &mut ()) };
         }
         if simd::avx2() {
             // SAFETY: as above.
-            return unsafe { simd::forward_avx2(z, y, inv_tau, chunk) };
+            return unsafe { simd::forward_avx2(z, y, inv_tau, chunk, &mut ()) };
         }
     }
-    forward_impl(z, y, inv_tau, chunk)
+    forward_impl(z, y, inv_tau, chunk, &mut ())
+}
+
+/// What the forward kernel hands on, per tile and per element, besides its sums.
+/// `()` keeps nothing (the plain [`forward`]); [`ExpRow`] keeps every e^{s−m} (the fused path).
+pub(crate) trait Keep {
+    /// A tile starts; its exponentials are taken against the running max `m`.
+    fn tile(&mut self, m: f64);
+    /// `e` = e^{s−m} of the elements `at..at + LANES`.
+    fn lanes(&mut self, at: usize, e: &[f64; LANES]);
+    /// `e` = e^{s−m} of the element `at`.
+    fn one(&mut self, at: usize, e: f64);
+    /// The row is done: final max `m`, Σ e^{s−m} = `total`.
+    fn done(&mut self, m: f64, total: f64);
+}
+
+impl Keep for () {
+    #[inline(always)]
+    fn tile(&mut self, _: f64) {}
+    #[inline(always)]
+    fn lanes(&mut self, _: usize, _: &[f64; LANES]) {}
+    #[inline(always)]
+    fn one(&mut self, _: usize, _: f64) {}
+    #[inline(always)]
+    fn done(&mut self, _: f64, _: f64) {}
+}
+
+/// One row's exponentials as the forward kernel computed them, for the gradient without a
+/// second exp per element ([`forward_exp`], then [`gradient_from_exp`]).
+///
+/// e_v = e^{s_v − m_t} where m_t is the running max when v's tile was read (so the stored
+/// values are exactly the terms the forward sums were made of); the softmax is
+/// p_v = e_v · e^{m_t − m} / Σ with m the row max and Σ = Σ_v e^{s_v − m}: one exp per tile.
+/// A reusable buffer (V f64 = 1.2 MB at V = 151936): keep one per worker thread.
+#[derive(Debug, Clone, Default)]
+pub struct ExpRow {
+    e: Vec<f64>,
+    tile_max: Vec<f64>,
+    chunk: usize,
+    m: f64,
+    total: f64,
+}
+
+impl Keep for ExpRow {
+    #[inline(always)]
+    fn tile(&mut self, m: f64) {
+        self.tile_max.push(m);
+    }
+    #[inline(always)]
+    fn lanes(&mut self, at: usize, e: &[f64; LANES]) {
+        self.e[at..at + LANES].copy_from_slice(e);
+    }
+    #[inline(always)]
+    fn one(&mut self, at: usize, e: f64) {
+        self.e[at] = e;
+    }
+    #[inline(always)]
+    fn done(&mut self, m: f64, total: f64) {
+        self.m = m;
+        self.total = total;
+    }
+}
+
+/// [`forward`] that also keeps every e^{s−m} in `keep` (same arithmetic, same bits: the
+/// statistics equal `forward(z, y, inv_tau, chunk)` exactly).
+pub fn forward_exp<T: Copy + Into<f64> + PartialOrd>(
+    z: &[T],
+    y: usize,
+    inv_tau: f64,
+    chunk: usize,
+    keep: &mut ExpRow,
+) -> RowStats {
+    keep.prepare(z.len(), chunk);
+    forward_with(z, y, inv_tau, chunk, keep)
+}
+
+/// [`forward`] with any [`Keep`] (dispatched like [`forward`]).
+pub(crate) fn forward_with<T: Copy + Into<f64> + PartialOrd, K: Keep>(
+    z: &[T],
+    y: usize,
+    inv_tau: f64,
+    chunk: usize,
+    keep: &mut K,
+) -> RowStats {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd::avx512() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { simd::forward_avx512(z, y, inv_tau, chunk, keep) };
+        }
+        if simd::avx2() {
+            // SAFETY: as above.
+            return unsafe { simd::forward_avx2(z, y, inv_tau, chunk, keep) };
+        }
+    }
+    forward_impl(z, y, inv_tau, chunk, keep)
+}
+
+impl ExpRow {
+    /// Sized for a row of `len` elements read in tiles of `chunk`.
+    pub(crate) fn prepare(&mut self, len: usize, chunk: usize) {
+        self.e.resize(len, 0.0);
+        self.tile_max.clear();
+        self.chunk = chunk.max(1);
+    }
+
+    /// Per tile t: k_t = c·e^{m_t − m}/Σ, so that c·p_v = k_t·e_v.
+    fn tile_factors(&self, c: f64, k: &mut Vec<f64>) {
+        k.clear();
+        k.extend(self.tile_max.iter().map(|&mt| c * (exp(mt - self.m) / self.total)));
+    }
+}
+
+/// The gradient element of a non-chosen token from its kept exponential.
+#[inline(always)]
+fn grad_other(k: f64, e: f64) -> f64 {
+    -(k * e)
+}
+
+/// The chosen token's gradient element, c·(1 − p_y), with one rounding.
+#[inline(always)]
+fn grad_chosen(k: f64, e: f64, c: f64) -> f64 {
+    (-k).mul_add(e, c)
+}
+
+/// The dlogits row from a kept row: out_v = conv(g/τ·(1[v=y] − p_v)) with `c` = g/τ and
+/// p_v = e_v·(e^{m_t−m}/Σ) (one exp and one division per tile). Agrees with [`gradient`]
+/// to f64 rounding: a few ulp relative, or, where p_v is computed at a large |s| or |lse|,
+/// within ε·|c|·p_v·(|s_v| + |lse|) (what [`gradient`]'s own exp(s − lse) is accurate to).
+pub fn gradient_from_exp<O: Copy>(keep: &ExpRow, y: usize, c: f64, out: &mut [O], conv: impl Fn(f64) -> O) {
+    assert_eq!(out.len(), keep.e.len());
+    let mut k = Vec::new();
+    keep.tile_factors(c, &mut k);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd::avx512() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { simd::gradient_from_exp_avx512(keep, &k, y, c, out, conv) };
+        }
+        if simd::avx2() {
+            // SAFETY: as above.
+            return unsafe { simd::gradient_from_exp_avx2(keep, &k, y, c, out, conv) };
+        }
+    }
+    gradient_from_exp_impl(keep, &k, y, c, out, conv)
+}
+
+/// [`gradient_from_exp`] into f32 storage (`conv` rounds to the stored type), written
+/// with non-temporal stores where the CPU has them (AVX: the row goes to memory without
+/// being read into cache first; the values are the same bits as [`gradient_from_exp`]'s).
+pub fn gradient_from_exp_f32(keep: &ExpRow, y: usize, c: f64, out: &mut [f32], conv: impl Fn(f64) -> f32) {
+    assert_eq!(out.len(), keep.e.len());
+    let mut k = Vec::new();
+    keep.tile_factors(c, &mut k);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd::avx512() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { simd::gradient_from_exp_stream_avx512(keep, &k, y, c, out, conv) };
+        }
+        if simd::avx2() {
+            // SAFETY: as above.
+            return unsafe { simd::gradient_from_exp_stream_avx2(keep, &k, y, c, out, conv) };
+        }
+    }
+    gradient_from_exp_impl(keep, &k, y, c, out, conv)
 }
 
 #[inline(always)]
-fn forward_impl<T: Copy + Into<f64> + PartialOrd>(z: &[T], y: usize, inv_tau: f64, chunk: usize) -> RowStats {
+fn gradient_from_exp_impl<O: Copy>(keep: &ExpRow, k: &[f64], y: usize, c: f64, out: &mut [O], conv: impl Fn(f64) -> O) {
+    for ((e, o), &k) in keep.e.chunks(keep.chunk).zip(out.chunks_mut(keep.chunk)).zip(k) {
+        for (o, &e) in o.iter_mut().zip(e) {
+            *o = conv(grad_other(k, e));
+        }
+    }
+    out[y] = conv(grad_chosen(k[y / keep.chunk], keep.e[y], c));
+}
+
+#[inline(always)]
+fn forward_impl<T: Copy + Into<f64> + PartialOrd, K: Keep>(
+    z: &[T],
+    y: usize,
+    inv_tau: f64,
+    chunk: usize,
+    keep: &mut K,
+) -> RowStats {
     let chunk = chunk.max(1);
     let mut m = f64::NEG_INFINITY; // running max
     // Per-lane partial sums (all lanes share the running max m).
@@ -101,7 +282,8 @@ fn forward_impl<T: Copy + Into<f64> + PartialOrd>(z: &[T], y: usize, inv_tau: f6
     let mut l = [0.0f64; LANES]; // Σ e^{s−m} over s < m
     let mut w = [0.0f64; LANES]; // Σ e^{s−m}(s−m)
     let mut abs_max: f64 = 0.0;
-    for tile in z.chunks(chunk) {
+    for (ti, tile) in z.chunks(chunk).enumerate() {
+        let base = ti * chunk;
         // Tile max and min of z (in z's own type: the widest vectors), then of s = z/τ
         // (exact: x ↦ x·(1/τ) is monotonic, so max s = (max z)/τ as rounded per element).
         let mut hi = [tile[0]; LANES];
@@ -136,20 +318,33 @@ fn forward_impl<T: Copy + Into<f64> + PartialOrd>(z: &[T], y: usize, inv_tau: f6
             }
             m = cm;
         }
+        keep.tile(m);
+        // The next tile, fetched into cache while this one is computed (its max pass would
+        // otherwise wait on memory): one prefetch per cache line, a tile ahead.
+        let next = (base + chunk < z.len()).then(|| z[base + chunk..].as_ptr());
         let mut lanes = tile.chunks_exact(LANES);
+        let mut at = base;
         for c in &mut lanes {
+            if let Some(p) = next {
+                prefetch_lanes(p.wrapping_add(at - base));
+            }
+            let mut ek = [0.0f64; LANES];
             for j in 0..LANES {
                 let u = c[j].into() * inv_tau - m;
                 let e = exp(u);
+                ek[j] = e;
                 let top = u == 0.0;
                 l[j] += if top { 0.0 } else { e };
                 n[j] += if top { 1.0 } else { 0.0 };
                 w[j] = e.mul_add(u, w[j]);
             }
+            keep.lanes(at, &ek);
+            at += LANES;
         }
         for (j, &x) in lanes.remainder().iter().enumerate() {
             let u = x.into() * inv_tau - m;
             let e = exp(u);
+            keep.one(at + j, e);
             let top = u == 0.0;
             l[j] += if top { 0.0 } else { e };
             n[j] += if top { 1.0 } else { 0.0 };
@@ -158,6 +353,7 @@ fn forward_impl<T: Copy + Into<f64> + PartialOrd>(z: &[T], y: usize, inv_tau: f6
     }
     let (n, l, w) = (sum_lanes(&n), sum_lanes(&l), sum_lanes(&w));
     let total = n + l; // Σ e^{s−m}
+    keep.done(m, total);
     // ln Σ e^{s−m} = ln n + ln(1 + l/n), accurate when l ≪ n (then entropy ≈ l/n − w/Σ,
     // two positive terms: no cancellation).
     let ln_total = if n > 0.0 { n.ln() + (l / n).ln_1p() } else { total.ln() };
@@ -169,6 +365,26 @@ fn forward_impl<T: Copy + Into<f64> + PartialOrd>(z: &[T], y: usize, inv_tau: f6
         entropy: ln_total - w / total,
         abs_max,
     }
+}
+
+/// Prefetches the LANES elements at `p` (a hint: no access, no effect on results; any
+/// address is allowed, though the callers stay inside the row).
+#[inline(always)]
+fn prefetch_lanes<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let bytes = LANES * std::mem::size_of::<T>();
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: a prefetch never faults and reads nothing architecturally.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((p as *const i8).wrapping_add(off))
+            };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Pairwise sum of the lanes.
@@ -248,7 +464,7 @@ fn gradient_impl<T: Copy + Into<f64>>(
 /// The same kernels compiled for wider vector units, chosen at run time.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{forward_impl, gradient_impl, RowStats};
+    use super::{forward_impl, grad_chosen, grad_other, gradient_from_exp_impl, gradient_impl, ExpRow, Keep, RowStats};
 
     pub fn avx512() -> bool {
         std::arch::is_x86_feature_detected!("avx512f")
@@ -262,13 +478,100 @@ mod simd {
     }
 
     #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-    pub unsafe fn forward_avx512<T: Copy + Into<f64> + PartialOrd>(z: &[T], y: usize, inv_tau: f64, chunk: usize) -> RowStats {
-        forward_impl(z, y, inv_tau, chunk)
+    pub unsafe fn forward_avx512<T: Copy + Into<f64> + PartialOrd, K: Keep>(
+        z: &[T],
+        y: usize,
+        inv_tau: f64,
+        chunk: usize,
+        keep: &mut K,
+    ) -> RowStats {
+        forward_impl(z, y, inv_tau, chunk, keep)
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn forward_avx2<T: Copy + Into<f64> + PartialOrd>(z: &[T], y: usize, inv_tau: f64, chunk: usize) -> RowStats {
-        forward_impl(z, y, inv_tau, chunk)
+    pub unsafe fn forward_avx2<T: Copy + Into<f64> + PartialOrd, K: Keep>(
+        z: &[T],
+        y: usize,
+        inv_tau: f64,
+        chunk: usize,
+        keep: &mut K,
+    ) -> RowStats {
+        forward_impl(z, y, inv_tau, chunk, keep)
+    }
+
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+    pub unsafe fn gradient_from_exp_avx512<O: Copy>(
+        keep: &ExpRow,
+        k: &[f64],
+        y: usize,
+        c: f64,
+        out: &mut [O],
+        conv: impl Fn(f64) -> O,
+    ) {
+        gradient_from_exp_impl(keep, k, y, c, out, conv)
+    }
+
+    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+    pub unsafe fn gradient_from_exp_stream_avx512(
+        keep: &ExpRow,
+        k: &[f64],
+        y: usize,
+        c: f64,
+        out: &mut [f32],
+        conv: impl Fn(f64) -> f32,
+    ) {
+        gradient_from_exp_stream(keep, k, y, c, out, conv)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gradient_from_exp_stream_avx2(
+        keep: &ExpRow,
+        k: &[f64],
+        y: usize,
+        c: f64,
+        out: &mut [f32],
+        conv: impl Fn(f64) -> f32,
+    ) {
+        gradient_from_exp_stream(keep, k, y, c, out, conv)
+    }
+
+    /// `gradient_from_exp_impl` with 32-byte non-temporal stores (needs AVX).
+    #[inline(always)]
+    unsafe fn gradient_from_exp_stream(keep: &ExpRow, k: &[f64], y: usize, c: f64, out: &mut [f32], conv: impl Fn(f64) -> f32) {
+        use std::arch::x86_64::{_mm256_loadu_ps, _mm256_stream_ps, _mm_sfence};
+        for ((e, o), &k) in keep.e.chunks(keep.chunk).zip(out.chunks_mut(keep.chunk)).zip(k) {
+            let n = o.len();
+            let head = o.as_ptr().align_offset(32).min(n);
+            for i in 0..head {
+                o[i] = conv(grad_other(k, e[i]));
+            }
+            let mut i = head;
+            while i + 8 <= n {
+                let ev: &[f64; 8] = e[i..i + 8].try_into().unwrap();
+                let a: [f32; 8] = std::array::from_fn(|j| conv(grad_other(k, ev[j])));
+                // SAFETY: o[i..i + 8] is in bounds and 32-byte aligned (head peeled above).
+                unsafe { _mm256_stream_ps(o.as_mut_ptr().add(i), _mm256_loadu_ps(a.as_ptr())) };
+                i += 8;
+            }
+            for i in i..n {
+                o[i] = conv(grad_other(k, e[i]));
+            }
+        }
+        // Order the streamed stores before anything after (the chosen element, other threads).
+        _mm_sfence();
+        out[y] = conv(grad_chosen(k[y / keep.chunk], keep.e[y], c));
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gradient_from_exp_avx2<O: Copy>(
+        keep: &ExpRow,
+        k: &[f64],
+        y: usize,
+        c: f64,
+        out: &mut [O],
+        conv: impl Fn(f64) -> O,
+    ) {
+        gradient_from_exp_impl(keep, k, y, c, out, conv)
     }
 
     #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
@@ -438,7 +741,26 @@ mod tests {
         // The portable kernels (what a CPU without AVX2/FMA runs) against the dispatched ones.
         let z: Vec<f32> = (0..5003).map(|i| ((i * 7919) % 1013) as f32 * 0.013 - 6.0).collect();
         for chunk in [1, 100, 2048] {
-            assert_eq!(forward(&z, 17, 0.8, chunk), forward_impl(&z, 17, 0.8, chunk));
+            assert_eq!(forward(&z, 17, 0.8, chunk), forward_impl(&z, 17, 0.8, chunk, &mut ()));
+            // The fused kernels: same statistics as `forward`, same bits on every path.
+            let (mut k1, mut k2) = (ExpRow::default(), ExpRow::default());
+            assert_eq!(forward_exp(&z, 17, 0.8, chunk, &mut k1), forward(&z, 17, 0.8, chunk));
+            k2.e.resize(z.len(), 0.0);
+            k2.chunk = chunk;
+            assert_eq!(forward_impl(&z, 17, 0.8, chunk, &mut k2), forward(&z, 17, 0.8, chunk));
+            assert_eq!((k1.e.clone(), k1.tile_max.clone(), k1.m, k1.total), (k2.e.clone(), k2.tile_max.clone(), k2.m, k2.total));
+            let (mut d1, mut d2) = (vec![0f32; z.len()], vec![0f32; z.len()]);
+            gradient_from_exp(&k1, 17, -0.3, &mut d1, |x| x as f32);
+            let mut k = Vec::new();
+            k2.tile_factors(-0.3, &mut k);
+            gradient_from_exp_impl(&k2, &k, 17, -0.3, &mut d2, |x| x as f32);
+            assert_eq!(d1, d2);
+            // The streaming-store variant, at every alignment of the output.
+            for off in 0..8 {
+                let mut d3 = vec![0f32; z.len() + off];
+                gradient_from_exp_f32(&k1, 17, -0.3, &mut d3[off..], |x| x as f32);
+                assert_eq!(&d3[off..], &d1[..]);
+            }
         }
         let lse = forward(&z, 17, 0.8, 2048).lse;
         let (mut a, mut b) = (Vec::new(), Vec::new());
