@@ -10,7 +10,8 @@ use grpo_conformance::config::Config;
 use grpo_conformance::gates::{self, GateReport};
 use grpo_conformance::inputs::Inputs;
 use grpo_conformance::oracle::Oracle;
-use grpo_conformance::spec::{LossType, OutputName};
+use grpo_conformance::spec::{Knobs, LossType, OutputName};
+use rstest::rstest;
 
 fn case(fixed: &str) -> Case {
     parse_fixed(fixed).unwrap_or_else(|e| panic!("{e:#}"))
@@ -45,40 +46,18 @@ fn baseline_passes_with_the_right_knobs() {
     assert!(failed(&r).is_empty(), "{:#?}", r);
 }
 
-#[test]
-fn wrong_temperature_fails_logp_and_gradient() {
+/// One knob changed at export; the gates must fail on (at least) the outputs it drives.
+#[rstest]
+#[case::temperature(|k: &mut Knobs| k.temperature = 1.0, &[OutputName::PerTokenLogp, OutputName::Dlogits])]
+#[case::clip(|k: &mut Knobs| k.epsilon_high = 0.2, &[OutputName::Clipped, OutputName::PerTokenLoss])]
+#[case::loss_type(|k: &mut Knobs| k.loss_type = LossType::Bnpo, &[OutputName::Loss, OutputName::Dlogits])]
+#[case::beta(|k: &mut Knobs| k.beta = 0.4, &[OutputName::PerTokenLoss])]
+fn a_wrong_knob_fails_the_outputs_it_drives(#[case] change: fn(&mut Knobs), #[case] must_fail: &[OutputName]) {
     let c = case(BASE);
     let mut wrong = c.clone();
-    wrong.knobs.temperature = 1.0;
+    change(&mut wrong.knobs);
     let f = failed(&judge(&c, &wrong));
-    assert!(f.contains(&OutputName::PerTokenLogp) && f.contains(&OutputName::Dlogits), "{f:?}");
-}
-
-#[test]
-fn wrong_clip_fails_clipped_and_loss() {
-    let c = case(BASE);
-    let mut wrong = c.clone();
-    wrong.knobs.epsilon_high = 0.2;
-    let f = failed(&judge(&c, &wrong));
-    assert!(f.contains(&OutputName::Clipped) && f.contains(&OutputName::PerTokenLoss), "{f:?}");
-}
-
-#[test]
-fn wrong_loss_type_fails_loss() {
-    let c = case(BASE);
-    let mut wrong = c.clone();
-    wrong.knobs.loss_type = LossType::Bnpo;
-    let f = failed(&judge(&c, &wrong));
-    assert!(f.contains(&OutputName::Loss) && f.contains(&OutputName::Dlogits), "{f:?}");
-}
-
-#[test]
-fn wrong_beta_fails_kl_share() {
-    let c = case(BASE);
-    let mut wrong = c.clone();
-    wrong.knobs.beta = 0.4;
-    let f = failed(&judge(&c, &wrong));
-    assert!(f.contains(&OutputName::PerTokenLoss), "{f:?}");
+    assert!(must_fail.iter().all(|o| f.contains(o)), "failed {f:?}, expected at least {must_fail:?}");
 }
 
 #[test]
