@@ -477,62 +477,31 @@ mod simd {
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
     }
 
-    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-    pub unsafe fn forward_avx512<T: Copy + Into<f64> + PartialOrd, K: Keep>(
-        z: &[T],
-        y: usize,
-        inv_tau: f64,
-        chunk: usize,
-        keep: &mut K,
-    ) -> RowStats {
-        forward_impl(z, y, inv_tau, chunk, keep)
+    /// Generates, for one portable kernel, its AVX-512 and AVX2+FMA copies: the same
+    /// code compiled with wider vectors, picked at run time by the dispatchers above.
+    /// Callers must have checked the features (`avx512()` / `avx2()`).
+    macro_rules! multiversion {
+        ($($avx512:ident, $avx2:ident [$($gen:tt)*] ($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $kernel:ident;)*) => {$(
+            #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+            pub unsafe fn $avx512<$($gen)*>($($arg: $ty),*) $(-> $ret)? {
+                $kernel($($arg),*)
+            }
+            #[target_feature(enable = "avx2,fma")]
+            pub unsafe fn $avx2<$($gen)*>($($arg: $ty),*) $(-> $ret)? {
+                $kernel($($arg),*)
+            }
+        )*};
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn forward_avx2<T: Copy + Into<f64> + PartialOrd, K: Keep>(
-        z: &[T],
-        y: usize,
-        inv_tau: f64,
-        chunk: usize,
-        keep: &mut K,
-    ) -> RowStats {
-        forward_impl(z, y, inv_tau, chunk, keep)
-    }
-
-    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-    pub unsafe fn gradient_from_exp_avx512<O: Copy>(
-        keep: &ExpRow,
-        k: &[f64],
-        y: usize,
-        c: f64,
-        out: &mut [O],
-        conv: impl Fn(f64) -> O,
-    ) {
-        gradient_from_exp_impl(keep, k, y, c, out, conv)
-    }
-
-    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-    pub unsafe fn gradient_from_exp_stream_avx512(
-        keep: &ExpRow,
-        k: &[f64],
-        y: usize,
-        c: f64,
-        out: &mut [f32],
-        conv: impl Fn(f64) -> f32,
-    ) {
-        gradient_from_exp_stream(keep, k, y, c, out, conv)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn gradient_from_exp_stream_avx2(
-        keep: &ExpRow,
-        k: &[f64],
-        y: usize,
-        c: f64,
-        out: &mut [f32],
-        conv: impl Fn(f64) -> f32,
-    ) {
-        gradient_from_exp_stream(keep, k, y, c, out, conv)
+    multiversion! {
+        forward_avx512, forward_avx2 [T: Copy + Into<f64> + PartialOrd, K: Keep]
+            (z: &[T], y: usize, inv_tau: f64, chunk: usize, keep: &mut K) -> RowStats => forward_impl;
+        gradient_from_exp_avx512, gradient_from_exp_avx2 [O: Copy]
+            (keep: &ExpRow, k: &[f64], y: usize, c: f64, out: &mut [O], conv: impl Fn(f64) -> O) => gradient_from_exp_impl;
+        gradient_from_exp_stream_avx512, gradient_from_exp_stream_avx2 []
+            (keep: &ExpRow, k: &[f64], y: usize, c: f64, out: &mut [f32], conv: impl Fn(f64) -> f32) => gradient_from_exp_stream;
+        gradient_avx512, gradient_avx2 [T: Copy + Into<f64>]
+            (z: &[T], y: usize, inv_tau: f64, lse: f64, g: f64, put: impl FnMut(usize, f64, f64)) => gradient_impl;
     }
 
     /// `gradient_from_exp_impl` with 32-byte non-temporal stores (needs AVX).
@@ -562,41 +531,6 @@ mod simd {
         out[y] = conv(grad_chosen(k[y / keep.chunk], keep.e[y], c));
     }
 
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn gradient_from_exp_avx2<O: Copy>(
-        keep: &ExpRow,
-        k: &[f64],
-        y: usize,
-        c: f64,
-        out: &mut [O],
-        conv: impl Fn(f64) -> O,
-    ) {
-        gradient_from_exp_impl(keep, k, y, c, out, conv)
-    }
-
-    #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-    pub unsafe fn gradient_avx512<T: Copy + Into<f64>>(
-        z: &[T],
-        y: usize,
-        inv_tau: f64,
-        lse: f64,
-        g: f64,
-        put: impl FnMut(usize, f64, f64),
-    ) {
-        gradient_impl(z, y, inv_tau, lse, g, put)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn gradient_avx2<T: Copy + Into<f64>>(
-        z: &[T],
-        y: usize,
-        inv_tau: f64,
-        lse: f64,
-        g: f64,
-        put: impl FnMut(usize, f64, f64),
-    ) {
-        gradient_impl(z, y, inv_tau, lse, g, put)
-    }
 }
 
 #[cfg(test)]
