@@ -1,5 +1,7 @@
-//! Run configuration (`configs/*.yaml`): which backends, which implementations with
-//! which options, how many repetitions. Unknown keys are errors naming file and line.
+//! Run configuration (`configs/*.yaml`): which backends with which settings, which
+//! implementations with which options and memory budgets, how many repetitions, and the
+//! expected failures. Unknown keys are errors naming file and line; each backend's own
+//! settings are its own struct ([`crate::backends::BackendsConfig`]), validated there.
 //!
 //! ```yaml
 //! repeats: 3          # timed executions per trial
@@ -12,11 +14,13 @@
 //!     implementations:
 //!       - jax_baseline
 //!       - {id: pallas_logits, enabled: false, options: {bwd_impl: pallas, block_v: 2048}}
+//! expected_failures:
+//!   - {implementation: pallas_logits@8x512, cases: "logits/f16/*", reason: "...", link: "issue 42"}
 //! ```
 
-use anyhow::{anyhow, Context, Result};
+use crate::backends::BackendsConfig;
+use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Default configuration file, relative to the repository root.
@@ -32,11 +36,14 @@ pub struct Config {
     /// Untimed warm-up executions per trial.
     #[serde(default = "default_warmup")]
     pub warmup: usize,
-    /// Backends by name.
-    pub backends: BTreeMap<String, BackendConfig>,
-    /// Implementations whose TPU export (Mosaic lowering, no TPU needed) is checked per case.
+    /// Backends by name, each with its own settings.
+    pub backends: BackendsConfig,
+    /// Known failures: the trials run, a failure is reported as expected, a pass fails the run.
     #[serde(default)]
-    pub tpu_export: Vec<ImplEntry>,
+    pub expected_failures: Vec<ExpectedFailure>,
+    /// The file this configuration came from (for messages).
+    #[serde(skip)]
+    pub origin: String,
 }
 
 fn default_repeats() -> usize {
@@ -46,18 +53,69 @@ fn default_warmup() -> usize {
     1
 }
 
-/// One backend's settings.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// A known, tracked failure (wasmtime's `should_fail` discipline): the matching trials
+/// still run; a failure or error is "expected", a pass is an error asking to remove the
+/// entry, and an entry that matches no trial of the suite is an error (stale).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct BackendConfig {
-    /// PJRT plugin path (PJRT backends; `GRPO_PJRT_PLUGIN` overrides).
+pub struct ExpectedFailure {
+    /// Implementation name as in trial names (`pallas_logits@8x512`).
+    pub implementation: String,
+    /// Backend name (default: any backend).
     #[serde(default)]
-    pub plugin: Option<PathBuf>,
-    /// CPU plugin: number of devices of the client.
+    pub backend: Option<String>,
+    /// Case-id pattern: `*` matches any run of characters (default: every case).
+    #[serde(default = "star")]
+    pub cases: String,
+    /// Why it fails.
+    pub reason: String,
+    /// Where it is tracked (an issue, a link, a note).
     #[serde(default)]
-    pub cpu_device_count: Option<i64>,
-    /// Implementations to run, in order.
-    pub implementations: Vec<ImplEntry>,
+    pub link: Option<String>,
+}
+
+fn star() -> String {
+    "*".into()
+}
+
+impl ExpectedFailure {
+    /// Whether the entry covers the trial (backend, implementation, case id).
+    pub fn matches(&self, backend: &str, implementation: &str, case_id: &str) -> bool {
+        self.implementation == implementation
+            && self.backend.as_deref().is_none_or(|b| b == backend)
+            && glob_match(&self.cases, case_id)
+    }
+
+    /// One-line description for messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}{} on {}{}",
+            self.backend.as_ref().map(|b| format!("{b}/")).unwrap_or_default(),
+            self.implementation,
+            self.cases,
+            self.link.as_ref().map(|l| format!(" ({l})")).unwrap_or_default()
+        )
+    }
+}
+
+/// `*`-glob match (no other metacharacters).
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last) {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for p in &parts[1..parts.len() - 1] {
+        match rest.find(p) {
+            Some(i) => rest = &rest[i + p.len()..],
+            None => return false,
+        }
+    }
+    true
 }
 
 /// An implementation: just its id, or id with switches and options.
@@ -87,6 +145,11 @@ pub struct ImplConfig {
     /// Implementation options, passed to the exporter as `impl_options`.
     #[serde(default)]
     pub options: serde_json::Map<String, serde_json::Value>,
+    /// Memory budget: the compiled peak may be at most this multiple of the floor
+    /// (arguments + outputs − aliased). Judged where the backend reports a device
+    /// compiler's peak (`tpu-aot`, `pjrt-tpu`); absent means "recorded, not judged".
+    #[serde(default)]
+    pub max_peak_over_floor: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -97,7 +160,13 @@ impl ImplEntry {
     /// The normalised form.
     pub fn resolved(&self) -> ImplConfig {
         match self {
-            ImplEntry::Id(id) => ImplConfig { id: id.clone(), name: None, enabled: true, options: Default::default() },
+            ImplEntry::Id(id) => ImplConfig {
+                id: id.clone(),
+                name: None,
+                enabled: true,
+                options: Default::default(),
+                max_peak_over_floor: None,
+            },
             ImplEntry::Full(c) => c.clone(),
         }
     }
@@ -110,32 +179,45 @@ impl ImplConfig {
     }
 }
 
-impl BackendConfig {
-    /// Enabled implementations.
-    pub fn enabled(&self) -> Vec<ImplConfig> {
-        self.implementations.iter().map(ImplEntry::resolved).filter(|c| c.enabled).collect()
+/// Checks a backend's implementation list: unique names, sane budgets. `origin` and
+/// `backend` name the place in errors.
+pub fn check_implementations(origin: &str, backend: &str, list: &[ImplEntry]) -> Result<()> {
+    let mut names: Vec<String> = Vec::new();
+    for e in list {
+        let c = e.resolved();
+        let n = c.display_name().to_string();
+        if names.contains(&n) {
+            bail!("{origin}: backend `{backend}` lists implementation `{n}` twice (give one a distinct `name`)");
+        }
+        if let Some(b) = c.max_peak_over_floor {
+            if !(b.is_finite() && b >= 1.0) {
+                bail!("{origin}: backend `{backend}`, implementation `{n}`: max_peak_over_floor must be a number ≥ 1 (got {b})");
+            }
+        }
+        names.push(n);
     }
+    Ok(())
+}
+
+/// The enabled entries of a list.
+pub fn enabled(list: &[ImplEntry]) -> Vec<ImplConfig> {
+    list.iter().map(ImplEntry::resolved).filter(|c| c.enabled).collect()
 }
 
 impl Config {
     /// Parses YAML text; `origin` names the file in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config> {
-        let c: Config = serde_yaml_ng::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
-        for (name, b) in &c.backends {
-            let mut ids: Vec<String> =
-                b.implementations.iter().map(|e| e.resolved().display_name().to_string()).collect();
-            ids.sort();
-            if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
-                return Err(anyhow!(
-                    "{origin}: backend `{name}` lists implementation `{}` twice (give one a distinct `name`)",
-                    w[0]
-                ));
+        let mut c: Config = serde_yaml_ng::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
+        c.origin = origin.to_string();
+        c.backends.validate(origin)?;
+        for (k, e) in c.expected_failures.iter().enumerate() {
+            if e.reason.trim().is_empty() {
+                bail!("{origin}: expected_failures[{k}] ({}) needs a `reason`", e.describe());
             }
-            if !crate::backend::KNOWN.contains(&name.as_str()) {
-                return Err(anyhow!(
-                    "{origin}: unknown backend `{name}`, expected one of: {}",
-                    crate::backend::KNOWN.join(", ")
-                ));
+            if let Some(b) = &e.backend {
+                if !c.backends.names().iter().any(|n| b == n || b.starts_with(&format!("{n}-"))) {
+                    bail!("{origin}: expected_failures[{k}]: backend `{b}` is not configured");
+                }
             }
         }
         Ok(c)
@@ -151,6 +233,18 @@ impl Config {
     pub fn load_default() -> Result<Config> {
         Config::load(&crate::repo_root().join(DEFAULT_CONFIG))
     }
+
+    /// The configuration path a front end uses: `explicit` if given, else `GRPO_CONFIG`,
+    /// else the nightly config for the nightly suite, else the default.
+    pub fn path_for(explicit: Option<&Path>, suite: crate::cases::Suite) -> Result<PathBuf> {
+        if let Some(p) = explicit {
+            return Ok(p.to_path_buf());
+        }
+        if let Some(p) = crate::env::config()? {
+            return Ok(p);
+        }
+        Ok(crate::repo_root().join(if suite == crate::cases::Suite::Nightly { "configs/nightly.yaml" } else { DEFAULT_CONFIG }))
+    }
 }
 
 #[cfg(test)]
@@ -164,7 +258,20 @@ mod tests {
             .to_string();
         assert!(e.contains("c.yaml") && e.contains("plugn") && e.contains("line 5"), "{e}");
         let e = Config::parse("backends:\n  pjrt-tpuu: {implementations: []}\n", "c.yaml").unwrap_err().to_string();
-        assert!(e.contains("unknown backend `pjrt-tpuu`"), "{e}");
+        assert!(e.contains("unknown field `pjrt-tpuu`") && e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn backend_settings_belong_to_their_backend() {
+        // `cpu_device_count` is a pjrt-cpu setting: the reference backend rejects it.
+        let e = Config::parse("backends:\n  reference: {implementations: [oracle], cpu_device_count: 2}\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cpu_device_count"), "{e}");
+        let e = Config::parse("backends:\n  pjrt-cpu: {implementations: [a], cpu_device_count: 0}\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cpu_device_count") && e.contains("≥ 1"), "{e}");
     }
 
     #[test]
@@ -174,9 +281,39 @@ mod tests {
             "c",
         )
         .unwrap();
-        let b = &c.backends["pjrt-cpu"];
-        assert_eq!(b.enabled().len(), 1);
+        let b = c.backends.pjrt_cpu.as_ref().unwrap();
+        assert_eq!(enabled(&b.implementations).len(), 1);
         assert_eq!(b.implementations[1].resolved().options["block_v"], 512);
         assert_eq!(c.repeats, 3);
+    }
+
+    #[test]
+    fn budgets_and_expected_failures_are_checked() {
+        let e = Config::parse(
+            "backends:\n  reference:\n    implementations: [{id: oracle, max_peak_over_floor: 0.5}]\n",
+            "c.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("max_peak_over_floor must be a number ≥ 1"), "{e}");
+        let e = Config::parse(
+            "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, reason: ''}\n",
+            "c.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("needs a `reason`"), "{e}");
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*", "logits/f32/x"));
+        assert!(glob_match("logits/*", "logits/f32/x"));
+        assert!(glob_match("*/f32/*", "logits/f32/x"));
+        assert!(!glob_match("*/bf16/*", "logits/f32/x"));
+        assert!(glob_match("logits/f32/x", "logits/f32/x"));
+        assert!(!glob_match("logits/f32", "logits/f32/x"));
+        assert!(glob_match("a*b*c", "a--b--c"));
+        assert!(!glob_match("a*b*c", "a--c--b"));
     }
 }

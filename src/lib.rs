@@ -2,13 +2,16 @@
 //!
 //! Layout: [`spec`] (the contract's vocabulary), [`cases`] (the YAML matrix), [`inputs`]
 //! (deterministic data), [`oracle`] (f64 reference), [`gates`] (tolerances),
-//! [`golden`] (stored oracle digests), [`backend`] (where implementations run),
-//! [`runner`] (one trial), [`records`] (JSONL results), [`npy`] (files for Python).
+//! [`golden`] (stored oracle digests), [`backends`] (where implementations run),
+//! [`trials`] (the one trial list both front ends run), [`runner`] (one trial's
+//! execution and verdict), [`records`] (JSONL results), [`env`] (every `GRPO_*`
+//! variable), [`npy`] (files for Python).
 #![warn(missing_docs)]
 
-pub mod backend;
+pub mod backends;
 pub mod cases;
 pub mod config;
+pub mod env;
 pub mod gates;
 pub mod golden;
 pub mod inputs;
@@ -18,6 +21,7 @@ pub mod outputs;
 pub mod records;
 pub mod runner;
 pub mod spec;
+pub mod trials;
 
 use std::path::PathBuf;
 

@@ -10,7 +10,15 @@ fn main() {
     if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
         std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
     }
+    // libtpu (tpu-aot) must not query a cloud metadata server on a machine that is not a
+    // TPU VM; set before any thread exists.
+    #[cfg(feature = "pjrt")]
+    grpo_conformance::backends::pjrt::tpu_aot::prepare_environment();
     let args = cli::Cli::parse();
+    if let Err(e) = grpo_conformance::env::check_all() {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    }
     if let Err(e) = cli::dispatch(args) {
         // One clear line (plus causes), never a panic backtrace.
         eprintln!("error: {e:#}");

@@ -30,6 +30,8 @@ pub struct Record<'a> {
     pub oracle_version: u32,
     /// Input generator version.
     pub generator_version: u32,
+    /// Tolerance multiplier in force (`GRPO_TOL_SCALE`; 1 = the documented gates).
+    pub tol_scale: f64,
 }
 
 impl RecordWriter {
@@ -63,6 +65,7 @@ impl RecordWriter {
             outcome,
             oracle_version: crate::oracle::ORACLE_VERSION,
             generator_version: crate::inputs::GENERATOR_VERSION,
+            tol_scale: crate::gates::tiers::scale(),
         };
         serde_json::to_writer(&mut self.out, &rec)?;
         self.out.write_all(b"\n")?;

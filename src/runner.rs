@@ -1,58 +1,177 @@
-//! One trial: (backend, implementation, case) → verdict with per-output gate reports.
-//! Shared by the `grpo-suite run` command and the libtest harness.
+//! One trial's result: verdicts, gate and budget reports, the shared per-case data, and
+//! the execution of one (backend, implementation, case). The trial list itself is
+//! [`crate::trials`].
 
-use crate::backend::{Backend, Memory, RunOptions, Timing};
+use crate::backends::{Backend, Memory, RunOptions, Timing};
 use crate::cases::Case;
 use crate::gates::{self, GateReport};
 use crate::inputs::Inputs;
 use crate::oracle::Oracle;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 /// What became of a trial.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "verdict", content = "reason", rename_all = "snake_case")]
 pub enum Verdict {
     /// Every gate passed.
     Pass,
-    /// At least one gate failed.
+    /// At least one gate (or the memory budget) failed.
     Fail,
     /// Not run: the backend or implementation does not support the case (why).
     Ignored(String),
-    /// The run itself failed (compile error, crash of the plugin, ...).
+    /// The run itself failed (export, compile, crash of the plugin, ...).
     Error(String),
+    /// Failed (or errored) as a configured expected failure says it would (the entry).
+    ExpectedFail(String),
+    /// Passed although an expected-failure entry says it fails: the run fails until the
+    /// entry is removed.
+    UnexpectedPass(String),
 }
 
-/// A trial's full result.
+impl Verdict {
+    /// Whether the run may stay green with this verdict.
+    pub fn is_ok(&self) -> bool {
+        matches!(self, Verdict::Pass | Verdict::Ignored(_) | Verdict::ExpectedFail(_))
+    }
+
+    /// Short label for tables.
+    pub fn label(&self) -> String {
+        match self {
+            Verdict::Pass => "pass".into(),
+            Verdict::Fail => "FAIL".into(),
+            Verdict::Error(_) => "ERROR".into(),
+            Verdict::Ignored(r) => format!("ignored: {r}"),
+            Verdict::ExpectedFail(_) => "expected fail".into(),
+            Verdict::UnexpectedPass(_) => "UNEXPECTED PASS".into(),
+        }
+    }
+}
+
+/// The memory budget of a trial: compiled peak against `max_peak_over_floor` × floor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BudgetReport {
+    /// The configured bound on peak / floor.
+    pub max_peak_over_floor: f64,
+    /// Compiled peak, bytes.
+    pub peak_bytes: u64,
+    /// Arguments + outputs − aliased, bytes.
+    pub floor_bytes: u64,
+    /// peak / floor.
+    pub ratio: f64,
+    /// ratio ≤ budget.
+    pub passed: bool,
+    /// One line: peak, floor, ratio, budget.
+    pub message: String,
+}
+
+impl BudgetReport {
+    /// Judges `memory` against `budget`; an error when the figures are missing.
+    pub fn judge(budget: f64, memory: Option<&Memory>) -> Result<BudgetReport, String> {
+        let m = memory.ok_or("a memory budget is configured but the backend reported no memory figures")?;
+        let (Some(peak), Some(floor)) = (m.peak_bytes, m.floor_bytes) else {
+            return Err("a memory budget is configured but the compiler reported no peak or no floor".into());
+        };
+        if floor == 0 {
+            return Err("floor (arguments + outputs − aliased) is 0 bytes".into());
+        }
+        let ratio = peak as f64 / floor as f64;
+        let passed = ratio <= budget;
+        let message = format!(
+            "memory: peak {} / floor {} = {ratio:.3}× {} budget {budget}×{}",
+            human_bytes(peak),
+            human_bytes(floor),
+            if passed { "≤" } else { ">" },
+            m.source.as_ref().map(|s| format!(" ({s})")).unwrap_or_default()
+        );
+        Ok(BudgetReport { max_peak_over_floor: budget, peak_bytes: peak, floor_bytes: floor, ratio, passed, message })
+    }
+}
+
+/// Bytes for people: `2.489 GB`, `1.21 MB`, `812 B` (decimal units, as the issues and
+/// notes quote compiler figures).
+pub fn human_bytes(b: u64) -> String {
+    let x = b as f64;
+    if x >= 1e9 {
+        format!("{:.3} GB", x / 1e9)
+    } else if x >= 1e6 {
+        format!("{:.3} MB", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.2} kB", x / 1e3)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// What kind of check a trial is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrialKind {
+    /// An implementation on a case through a backend, judged by the gates (and budget).
+    Run,
+    /// The oracle re-derived now against the stored golden file.
+    Golden,
+    /// A deliberately wrong implementation that must fail some case of the suite.
+    ShouldFail,
+}
+
+/// A trial's full result (one record line).
 #[derive(Debug, Clone, Serialize)]
 pub struct TrialOutcome {
-    /// Backend name.
+    /// The trial's name (`backend/implementation/case`, `golden/case`, `should-fail/...`).
+    pub name: String,
+    /// What kind of check.
+    pub kind: TrialKind,
+    /// Backend name (`golden` for golden trials).
     pub backend: String,
-    /// Implementation id.
+    /// Implementation name.
     pub implementation: String,
-    /// Case id.
+    /// Case id (`*` for should-fail trials, which range over the suite).
     pub case: String,
     /// Verdict.
     #[serde(flatten)]
     pub verdict: Verdict,
     /// One report per output.
     pub gates: Vec<GateReport>,
+    /// The memory budget, when one is configured.
+    pub budget: Option<BudgetReport>,
     /// Timing, when measured.
     pub timing: Option<Timing>,
     /// Memory, when reported.
     pub memory: Option<Memory>,
     /// Compiler cost analysis, when reported.
     pub cost: Option<std::collections::BTreeMap<String, f64>>,
+    /// Free-form detail (golden diffs, which case caught a should-fail variant).
+    pub detail: Option<String>,
     /// Wall time of the whole trial (inputs, oracle, run, gates), seconds.
     pub wall_s: f64,
 }
 
 impl TrialOutcome {
-    /// `backend/implementation/case`: the trial's name.
+    /// An outcome with nothing measured yet.
+    pub fn new(name: String, kind: TrialKind, backend: &str, implementation: &str, case: &str) -> TrialOutcome {
+        TrialOutcome {
+            name,
+            kind,
+            backend: backend.into(),
+            implementation: implementation.into(),
+            case: case.into(),
+            verdict: Verdict::Pass,
+            gates: Vec::new(),
+            budget: None,
+            timing: None,
+            memory: None,
+            cost: None,
+            detail: None,
+            wall_s: 0.0,
+        }
+    }
+
+    /// The trial's name.
     pub fn name(&self) -> String {
-        format!("{}/{}/{}", self.backend, self.implementation, self.case)
+        self.name.clone()
     }
 
     /// The failing gate with the largest relative error, or the worst passing one.
@@ -63,13 +182,25 @@ impl TrialOutcome {
         })
     }
 
-    /// A multi-line explanation of a failure (one line per failing gate).
+    /// The failures as text (one line per failing gate, the budget, the error or reason).
     pub fn failure_text(&self) -> String {
-        match &self.verdict {
-            Verdict::Error(e) => e.clone(),
-            Verdict::Ignored(r) => format!("ignored: {r}"),
-            _ => self.gates.iter().filter(|g| !g.passed).map(|g| g.message.clone()).collect::<Vec<_>>().join("\n"),
+        let mut lines: Vec<String> = self.gates.iter().filter(|g| !g.passed).map(|g| g.message.clone()).collect();
+        if let Some(b) = self.budget.as_ref().filter(|b| !b.passed) {
+            lines.push(b.message.clone());
         }
+        match &self.verdict {
+            Verdict::Error(e) => lines.insert(0, e.clone()),
+            Verdict::Ignored(r) => lines.insert(0, format!("ignored: {r}")),
+            Verdict::UnexpectedPass(r) => lines.insert(0, r.clone()),
+            Verdict::ExpectedFail(r) => lines.insert(0, format!("expected failure: {r}")),
+            Verdict::Pass | Verdict::Fail => {}
+        }
+        if let Some(d) = &self.detail {
+            if !self.verdict.is_ok() || lines.is_empty() {
+                lines.push(d.clone());
+            }
+        }
+        lines.join("\n")
     }
 }
 
@@ -125,36 +256,68 @@ impl CaseCache {
     }
 }
 
-/// Runs one trial on prepared data. Unsupported → Ignored; a backend error → Error.
-pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep: &Prepared, opts: &RunOptions) -> TrialOutcome {
+/// Runs one implementation on one case and judges it: output gates when the backend
+/// executes (on `prep`, which it then needs), the memory budget when one is configured.
+/// A backend error is `Error`; support is checked by the caller.
+pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep: Option<&Prepared>, opts: &RunOptions) -> TrialOutcome {
     let t0 = Instant::now();
-    let mut out = TrialOutcome {
-        backend: backend.name().to_string(),
-        implementation: implementation.to_string(),
-        case: case.id.clone(),
-        verdict: Verdict::Pass,
-        gates: Vec::new(),
-        timing: None,
-        memory: None,
-        cost: None,
-        wall_s: 0.0,
-    };
-    if let Err(reason) = backend.supports(implementation, case) {
-        out.verdict = Verdict::Ignored(reason);
-        return out;
-    }
-    match backend.run(implementation, case, &prep.inputs, opts) {
+    let name = format!("{}/{implementation}/{}", backend.name(), case.id);
+    let mut out = TrialOutcome::new(name, TrialKind::Run, backend.name(), implementation, &case.id);
+    let empty = Inputs::default();
+    let inputs = prep.map(|p| &p.inputs).unwrap_or(&empty);
+    match backend.run(implementation, case, inputs, opts) {
         Err(e) => out.verdict = Verdict::Error(format!("{e:#}")),
         Ok(res) => {
-            out.gates = gates::judge(case, &prep.inputs, &prep.oracle, &res.outputs);
             out.timing = res.timing;
             out.memory = res.memory;
             out.cost = res.cost;
-            if out.gates.iter().any(|g| !g.passed) {
+            match (res.outputs, prep) {
+                (Some(outputs), Some(p)) => out.gates = gates::judge(case, &p.inputs, &p.oracle, &outputs),
+                (Some(_), None) => {
+                    out.verdict = Verdict::Error("internal: outputs without a prepared oracle".into());
+                }
+                (None, _) if backend.executes() => out.verdict = Verdict::Error("the backend returned no outputs".into()),
+                (None, _) => {}
+            }
+            if let Some(budget) = backend.budget(implementation) {
+                match BudgetReport::judge(budget, out.memory.as_ref()) {
+                    Ok(b) => out.budget = Some(b),
+                    Err(e) => out.verdict = Verdict::Error(e),
+                }
+            }
+            let gates_failed = out.gates.iter().any(|g| !g.passed);
+            let budget_failed = out.budget.as_ref().is_some_and(|b| !b.passed);
+            if out.verdict == Verdict::Pass && (gates_failed || budget_failed) {
                 out.verdict = Verdict::Fail;
             }
         }
     }
     out.wall_s = t0.elapsed().as_secs_f64();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem(peak: u64, arg: u64, out: u64) -> Memory {
+        Memory { peak_bytes: Some(peak), argument_bytes: Some(arg), output_bytes: Some(out), alias_bytes: Some(0), ..Default::default() }
+            .with_floor()
+    }
+
+    #[test]
+    fn budget_passes_at_and_fails_above_the_bound() {
+        let b = BudgetReport::judge(1.05, Some(&mem(105, 60, 40))).unwrap();
+        assert!(b.passed && (b.ratio - 1.05).abs() < 1e-12, "{b:?}");
+        let b = BudgetReport::judge(1.05, Some(&mem(200, 60, 40))).unwrap();
+        assert!(!b.passed && b.message.contains("2.000×") && b.message.contains("> budget 1.05×"), "{}", b.message);
+        assert!(BudgetReport::judge(1.05, None).is_err());
+        assert!(BudgetReport::judge(1.05, Some(&Memory::default())).is_err());
+    }
+
+    #[test]
+    fn only_pass_ignored_and_expected_fail_are_ok() {
+        assert!(Verdict::Pass.is_ok() && Verdict::Ignored("x".into()).is_ok() && Verdict::ExpectedFail("x".into()).is_ok());
+        assert!(!Verdict::Fail.is_ok() && !Verdict::Error("x".into()).is_ok() && !Verdict::UnexpectedPass("x".into()).is_ok());
+    }
 }

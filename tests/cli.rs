@@ -53,7 +53,7 @@ fn unknown_case_and_backend_are_clear_errors() {
     assert!(stderr(&o).contains("no case `logits/f32/nope`"), "{}", stderr(&o));
     let o = suite(&["run", "--backend", "pjrt-tpuu"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("unknown or unavailable backend `pjrt-tpuu`"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("unknown backend `pjrt-tpuu`"), "{}", stderr(&o));
 }
 
 fn read(d: &Path, name: &str) -> npy::Array {
@@ -118,9 +118,12 @@ fn run_writes_one_jsonl_record_per_trial_and_a_table() {
     let lines: Vec<serde_json::Value> =
         std::fs::read_to_string(&rec).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let n_smoke = String::from_utf8(suite(&["cases", "--suite", "smoke"]).stdout).unwrap().lines().count();
-    assert_eq!(lines.len(), 2 * n_smoke);
-    for l in &lines {
+    // Two implementations per case, plus one golden check per case: every trial kind is recorded.
+    assert_eq!(lines.len(), 3 * n_smoke);
+    assert_eq!(lines.iter().filter(|l| l["kind"] == "golden" && l["verdict"] == "pass").count(), n_smoke);
+    for l in lines.iter().filter(|l| l["kind"] == "run") {
         assert!(["pass", "ignored"].contains(&l["verdict"].as_str().unwrap()), "{l}");
+        assert_eq!(l["tol_scale"], 1.0);
         if l["verdict"] == "pass" {
             assert_eq!(l["timing"]["runs_s"].as_array().unwrap().len(), 2);
             assert!(l["gates"].as_array().unwrap().len() >= 7);
@@ -128,4 +131,102 @@ fn run_writes_one_jsonl_record_per_trial_and_a_table() {
             assert!(l["reason"].as_str().unwrap().contains("logits level only"));
         }
     }
+}
+
+/// Writes a config file and runs `grpo-suite run` with it.
+fn run_with(config: &str, args: &[&str], env: &[(&str, &str)]) -> (Output, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(&cfg, config).unwrap();
+    let rec = dir.path().join("r.jsonl");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_grpo-suite"));
+    cmd.args(["run", "--config", cfg.to_str().unwrap(), "--records", rec.to_str().unwrap()]).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    (cmd.output().unwrap(), dir)
+}
+
+const TAU_CASE: &str = "logits/bf16/b2_t16_v2049/grpo/eps0.2-0.28/beta0_tau0.7/normal1-random-mixed";
+
+#[test]
+fn an_expected_failure_that_fails_keeps_the_run_green() {
+    let cfg = "backends:\n  reference: {implementations: [naive_f32+NoTemperatureInGradient]}\nexpected_failures:\n  - {implementation: naive_f32+NoTemperatureInGradient, cases: '*_tau*', reason: 'no 1/tau in dlogits', link: 'tests/cli.rs'}\n";
+    let (o, _d) = run_with(cfg, &["--suite", "ci", "--filter", &format!("reference/naive_f32+NoTemperatureInGradient/{TAU_CASE}")], &[]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}{}", out, stderr(&o));
+    assert!(out.contains("expected fail") && out.contains("1 expected failures, 0 unexpected passes"), "{out}");
+}
+
+#[test]
+fn an_expected_failure_that_passes_fails_the_run_with_the_hint() {
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, cases: 'logits/f32/*', reason: 'pretend bug'}\n";
+    let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("UNEXPECTED PASS") && e.contains("remove the entry"), "{e}");
+}
+
+#[test]
+fn a_stale_expected_failure_is_an_error() {
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, cases: 'logits/f64/*', reason: 'gone'}\n";
+    let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(e.contains("expected_failures[0]") && e.contains("stale"), "{e}");
+}
+
+#[test]
+fn selecting_nothing_is_an_error_not_a_green_run() {
+    let (o, _d) = run_with("backends:\n  reference: {implementations: [oracle]}\n", &["--suite", "smoke", "--filter", "no-such-trial"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("nothing would be checked"), "{}", stderr(&o));
+}
+
+#[test]
+fn an_invalid_tolerance_scale_is_one_line_before_any_work() {
+    for bad in ["abc", "-1", "0", "nan", "inf", ""] {
+        let (o, _d) = run_with("backends:\n  reference: {implementations: [oracle]}\n", &["--suite", "smoke"], &[("GRPO_TOL_SCALE", bad)]);
+        assert_eq!(o.status.code(), Some(2), "GRPO_TOL_SCALE={bad:?}");
+        let e = stderr(&o);
+        assert!(e.contains("GRPO_TOL_SCALE") && e.trim().lines().count() == 1, "{e}");
+    }
+}
+
+#[test]
+fn a_scaled_tolerance_is_loud_in_the_summary() {
+    let (o, _d) = run_with("backends:\n  reference: {implementations: [oracle]}\n", &["--suite", "smoke"], &[("GRPO_TOL_SCALE", "0.5")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("TOLERANCES SCALED ×0.5"));
+}
+
+#[test]
+fn an_unavailable_backend_lists_its_trials_ignored_and_a_required_one_fails() {
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu: {plugin: /nonexistent/plugin.so, implementations: [jax_baseline]}\n";
+    let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(out.contains("pjrt-cpu/jax_baseline") && out.contains("ignored: backend unavailable: PJRT plugin /nonexistent/plugin.so"), "{out}");
+    assert!(out.contains("unavailable backends (their trials are ignored): pjrt-cpu"), "{out}");
+    let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[("GRPO_REQUIRE_BACKENDS", "reference,pjrt-cpu")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("required backend `pjrt-cpu` unavailable"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_filtered_run_exports_only_what_it_runs() {
+    let art = tempfile::tempdir().unwrap();
+    let trial = "pjrt-cpu/jax_baseline/logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed";
+    let cfg = std::fs::read_to_string(repo_root().join("configs/default.yaml")).unwrap();
+    let (o, _d) = run_with(&cfg, &["--suite", "ci", "--filter", trial, "--repeats", "0"], &[("GRPO_ARTIFACTS", art.path().to_str().unwrap())]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let n = std::fs::read_dir(art.path()).unwrap().count();
+    assert_eq!(n, 1, "a run of one trial exported {n} modules");
+    // Listing exports nothing at all.
+    let art2 = tempfile::tempdir().unwrap();
+    let (o, _d) = run_with(&cfg, &["--suite", "ci", "--list"], &[("GRPO_ARTIFACTS", art2.path().to_str().unwrap())]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).lines().count() > 1000);
+    assert_eq!(std::fs::read_dir(art2.path()).map(|d| d.count()).unwrap_or(0), 0);
 }

@@ -1,162 +1,124 @@
-//! The conformance harness (libtest-mimic): one trial per (backend, implementation, case),
-//! named `backend/implementation/case-id`, so `cargo test --test conformance -- bf16`
-//! slices the matrix. Also:
-//! - `golden/<case-id>`: the oracle re-derived now matches the stored golden file
-//!   (`GRPO_BLESS=1` rewrites them instead);
-//! - `should-fail/<mutation>`: a deliberately wrong implementation must fail at least one
-//!   case of the suite: an unexpected pass is a failure of the harness.
+//! The conformance harness (libtest-mimic) over the same trial list as `grpo-suite run`
+//! (`grpo_conformance::trials`): `backend/implementation/case`, `golden/case`,
+//! `should-fail/variant`, so `cargo test --test conformance -- bf16` slices the matrix.
+//! libtest's filter is applied before anything is prepared: a filtered run on a cold
+//! cache exports only the modules of the trials it runs. Every trial is also written to
+//! a JSONL record (`GRPO_RECORDS`, default `target/grpo-records/`).
+//!
+//! One more trial, `harness/same-trials-as-cli`, checks that `grpo-suite run --list`
+//! names exactly this harness's trials.
 //!
 //! The suite is `ci` unless `GRPO_SUITE` says otherwise (`smoke`, `nightly`, `full`).
 
-use grpo_conformance::backend::{self, Backend, Mutation, NaiveF32, RunOptions};
-use grpo_conformance::cases::{self, Case, Suite};
-use grpo_conformance::backend::pjrt::{tpu_export_check, ExportVerdict};
+use grpo_conformance::backends::RunOptions;
+use grpo_conformance::cases;
 use grpo_conformance::config::Config;
-use grpo_conformance::golden::{self, Check, BLESS_ENV};
-use grpo_conformance::runner::{run_trial, CaseCache, Verdict};
-use grpo_conformance::{gates, repo_root};
+use grpo_conformance::records::RecordWriter;
+use grpo_conformance::runner::{CaseCache, Verdict};
+use grpo_conformance::trials::{Plan, Selection};
+use grpo_conformance::{env, repo_root};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+fn fail(e: impl std::fmt::Display) -> ! {
+    eprintln!("error: {e:#}");
+    std::process::exit(2);
+}
 
 fn main() {
+    #[cfg(feature = "pjrt")]
+    grpo_conformance::backends::pjrt::tpu_aot::prepare_environment();
     let args = Arguments::from_args();
-    let suite: Suite = match std::env::var("GRPO_SUITE").as_deref().unwrap_or("ci").parse() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: GRPO_SUITE: {e}");
-            std::process::exit(2);
-        }
-    };
-    let matrix = match cases::load_dir(&repo_root().join("cases")) {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::exit(2);
-        }
-    };
-    let cases: Vec<Arc<Case>> = matrix.suite(suite).into_iter().cloned().map(Arc::new).collect();
-    let cache = Arc::new(CaseCache::default());
-    // GRPO_CONFIG names the run configuration; by default the nightly tier uses
-    // configs/nightly.yaml (no interpret-mode Pallas at full shapes), the others default.yaml.
-    let config = match std::env::var_os("GRPO_CONFIG") {
-        Some(p) => Config::load(std::path::Path::new(&p)),
-        None if suite == Suite::Nightly => Config::load(&repo_root().join("configs/nightly.yaml")),
-        None => Config::load_default(),
-    };
-    let config = config.unwrap_or_else(|e| {
-        eprintln!("error: {e:#}");
-        std::process::exit(2);
+    env::check_all().unwrap_or_else(|e| fail(e));
+    let suite = env::suite().unwrap_or_else(|e| fail(e));
+    let matrix = cases::load_dir(&repo_root().join("cases")).unwrap_or_else(|e| fail(e));
+    let config_path = Config::path_for(None, suite).unwrap_or_else(|e| fail(e));
+    let config = Config::load(&config_path).unwrap_or_else(|e| fail(e));
+    let bless = env::bless().unwrap_or_else(|e| fail(e));
+    let mut plan = Plan::build(&matrix, suite, &config, &env::require_backends(), bless).unwrap_or_else(|e| fail(e));
+    let full_list = plan.names();
+    plan.select(&Selection {
+        filters: args.filter.iter().cloned().collect(),
+        skip: args.skip.clone(),
+        exact: args.exact,
+        ..Default::default()
     });
-    let (backends, unavailable) = backend::available(&config);
-    // GRPO_REQUIRE_BACKENDS=a,b turns "unavailable" into a failing trial (CI sets it, so a
-    // broken set-up can never pass as a run of ignored trials).
-    let required: Vec<String> = std::env::var("GRPO_REQUIRE_BACKENDS")
-        .map(|s| s.split(',').filter(|x| !x.is_empty()).map(String::from).collect())
-        .unwrap_or_default();
-    let backends: Vec<Arc<dyn Backend>> = backends.into_iter().map(Arc::from).collect();
+
     let mut trials = Vec::new();
-    for b in &backends {
-        let work: Vec<(String, Arc<Case>)> =
-            b.implementations().into_iter().flat_map(|i| cases.iter().map(move |c| (i.clone(), c.clone()))).collect();
-        let refs: Vec<(&str, &Case)> = work.iter().map(|(i, c)| (i.as_str(), c.as_ref())).collect();
-        if let Err(e) = b.prepare(&refs) {
-            let msg = format!("{e:#}");
-            trials.push(Trial::test(format!("{}/prepare", b.name()), move || Err(msg.into())));
-        }
-    }
-
-    for b in &backends {
-        for imp in b.implementations() {
-            for c in &cases {
-                let name = format!("{}/{imp}/{}", b.name(), c.id);
-                if let Err(reason) = b.supports(&imp, c) {
-                    trials.push(Trial::ignorable_test(name, move || Ok(Completion::ignored_with(reason))));
-                    continue;
-                }
-                cache.expect(c, 1);
-                let (b, c, cache, imp) = (b.clone(), c.clone(), cache.clone(), imp.clone());
-                trials.push(Trial::test(name, move || {
-                    let prep = cache.get(&c);
-                    let o = run_trial(b.as_ref(), &imp, &c, &prep, &RunOptions { warmup: 0, repeats: 0 });
-                    cache.done(&c);
-                    match o.verdict {
-                        Verdict::Pass => Ok(()),
-                        _ => Err(Failed::from(o.failure_text())),
-                    }
-                }));
+    // The CLI must list the same trials (before any filter).
+    {
+        let cfg = config_path.clone();
+        trials.push(Trial::test("harness/same-trials-as-cli", move || {
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_grpo-suite"))
+                .args(["run", "--suite", suite.name(), "--list", "--config"])
+                .arg(&cfg)
+                .output()
+                .map_err(|e| format!("cannot run grpo-suite: {e}"))?;
+            if !o.status.success() {
+                return Err(format!("grpo-suite run --list failed: {}", String::from_utf8_lossy(&o.stderr)).into());
             }
-        }
-    }
-    for (name, why) in unavailable {
-        if required.contains(&name) {
-            trials.push(Trial::test(format!("{name}/available"), move || Err(format!("required backend unavailable: {why}").into())));
-        } else {
-            trials.push(Trial::ignorable_test(format!("{name}/unavailable"), move || Ok(Completion::ignored_with(why))));
-        }
-    }
-
-    // Mosaic lowering for TPU, per case, for the configured Pallas kernels.
-    let tpu: Vec<_> = config.tpu_export.iter().map(|e| e.resolved()).filter(|c| c.enabled).collect();
-    if !tpu.is_empty() {
-        let refs: Vec<&Case> = cases.iter().map(|c| c.as_ref()).collect();
-        match tpu_export_check(&tpu, &refs) {
-            Err(e) => {
-                let msg = format!("{e:#}");
-                trials.push(Trial::test("tpu-export/batch", move || Err(msg.into())));
+            let cli: Vec<String> = String::from_utf8_lossy(&o.stdout).lines().map(String::from).collect();
+            if cli != full_list {
+                let only_cli: Vec<_> = cli.iter().filter(|n| !full_list.contains(n)).take(5).collect();
+                let only_harness: Vec<_> = full_list.iter().filter(|n| !cli.contains(n)).take(5).collect();
+                return Err(format!(
+                    "trial lists differ: CLI {} trials, harness {}; only in CLI: {only_cli:?}; only in harness: {only_harness:?}",
+                    cli.len(),
+                    full_list.len()
+                )
+                .into());
             }
-            Ok(results) => {
-                for (name, case, verdict) in results {
-                    let tname = format!("tpu-export/{name}/{case}");
-                    trials.push(match verdict {
-                        ExportVerdict::Lowered => Trial::test(tname, || Ok(())),
-                        ExportVerdict::Unsupported(why) => Trial::ignorable_test(tname, move || Ok(Completion::ignored_with(why))),
-                        ExportVerdict::Failed(e) => Trial::test(tname, move || Err(e.into())),
-                    });
-                }
-            }
-        }
-    }
-
-    let bless = std::env::var(BLESS_ENV).is_ok_and(|v| v == "1");
-    let gdir = repo_root().join("golden");
-    for c in &cases {
-        cache.expect(c, 1);
-        let (c, cache, gdir) = (c.clone(), cache.clone(), gdir.clone());
-        trials.push(Trial::test(format!("golden/{}", c.id), move || {
-            let prep = cache.get(&c);
-            let res = if bless {
-                golden::store(&golden::path(&gdir, &c), &golden::compute(&c, &prep.inputs, &prep.oracle)).map(|_| Check::Match)
-            } else {
-                golden::check(&gdir, &c, &prep.inputs, &prep.oracle)
-            };
-            cache.done(&c);
-            match res {
-                Ok(Check::Match) => Ok(()),
-                Ok(Check::Mismatch(d)) => Err(format!("{}\n{}", d.join("\n"), golden::BLESS_HINT).into()),
-                Err(e) => Err(format!("{e:#}").into()),
-            }
+            Ok(())
         }));
     }
 
-    // Deliberately wrong implementations must be caught somewhere in the suite.
-    if suite != Suite::Nightly {
-        for m in Mutation::ALL {
-            let cases = cases.clone();
-            trials.push(Trial::test(format!("should-fail/naive_f32+{m:?}"), move || {
-                let imp = NaiveF32 { mutation: Some(m) };
-                for c in cases.iter().filter(|c| imp.supports(c).is_ok()) {
-                    let inputs = grpo_conformance::inputs::Inputs::generate(c);
-                    let oracle = grpo_conformance::oracle::Oracle::new(c, &inputs);
-                    let reports = gates::judge(c, &inputs, &oracle, &imp.run(c, &inputs));
-                    if let Some(r) = reports.iter().find(|r| !r.passed) {
-                        eprintln!("caught on {}: {}", c.id, r.message);
-                        return Ok(());
-                    }
-                }
-                Err(format!("flagged as should-fail but it passed every case of the suite ({m:?})").into())
-            }));
-        }
+    if args.list {
+        // Listing prepares nothing: no export, no inputs.
+        trials.extend(plan.trials.iter().map(|t| Trial::test(t.name.clone(), || Ok(()))));
+        libtest_mimic::run(&args, trials).exit();
     }
 
+    let prepare_errors = plan.prepare();
+    for (b, e) in prepare_errors {
+        trials.push(Trial::test(format!("{b}/prepare"), move || Err(e.into())));
+    }
+    let records = {
+        let path = env::records().unwrap_or_else(|e| fail(e)).unwrap_or_else(|| {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            repo_root().join("target/grpo-records").join(format!("cargo-test-{}-{t}.jsonl", suite.name()))
+        });
+        Arc::new(Mutex::new(RecordWriter::open(&path).unwrap_or_else(|e| fail(e))))
+    };
+    let cache = Arc::new(CaseCache::default());
+    plan.announce(&cache);
+    let plan = Arc::new(plan);
+    let opts = RunOptions { warmup: 0, repeats: 0 };
+    for k in 0..plan.trials.len() {
+        let t = &plan.trials[k];
+        if let Some(reason) = plan.ignored(t) {
+            // Still executed (it only records the ignored verdict, frees the case share).
+            let (plan, cache, records) = (plan.clone(), cache.clone(), records.clone());
+            let o = plan.execute(&plan.trials[k], &cache, &opts);
+            records.lock().unwrap().write(suite.name(), &o).ok();
+            trials.push(Trial::ignorable_test(t.name.clone(), move || Ok(Completion::ignored_with(reason))));
+            continue;
+        }
+        let (plan, cache, records) = (plan.clone(), cache.clone(), records.clone());
+        trials.push(Trial::test(t.name.clone(), move || {
+            let o = plan.execute(&plan.trials[k], &cache, &opts);
+            if let Err(e) = records.lock().unwrap().write(suite.name(), &o) {
+                eprintln!("warning: cannot write the record of {}: {e:#}", o.name);
+            }
+            match &o.verdict {
+                Verdict::Pass => Ok(()),
+                Verdict::ExpectedFail(r) => {
+                    eprintln!("{}: expected failure: {r}\n  {}", o.name, o.failure_text().replace('\n', "\n  "));
+                    Ok(())
+                }
+                Verdict::Ignored(_) => Ok(()),
+                _ => Err(Failed::from(o.failure_text())),
+            }
+        }));
+    }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -3,8 +3,8 @@
 //! export the baseline with one knob changed and judge it against the true case: the
 //! gates must fail, on the output the knob drives.
 
-use grpo_conformance::backend::pjrt::PjrtBackend;
-use grpo_conformance::backend::{Backend, RunOptions};
+use grpo_conformance::backends::pjrt::cpu::PjrtCpu;
+use grpo_conformance::backends::{Backend, RunOptions};
 use grpo_conformance::cases::{parse_fixed, Case};
 use grpo_conformance::config::Config;
 use grpo_conformance::gates::{self, GateReport};
@@ -17,20 +17,20 @@ fn case(fixed: &str) -> Case {
     parse_fixed(fixed).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-fn backend() -> PjrtBackend {
+fn backend() -> PjrtCpu {
     let cfg = Config::load_default().unwrap();
-    PjrtBackend::cpu(&cfg.backends["pjrt-cpu"]).unwrap_or_else(|e| panic!("pjrt-cpu must be available (run scripts/setup.sh): {e:#}"))
+    PjrtCpu::new(cfg.backends.pjrt_cpu.as_ref().expect("configs/default.yaml has pjrt-cpu")).unwrap_or_else(|e| panic!("pjrt-cpu must be available (run scripts/setup.sh): {e:#}"))
 }
 
 /// Runs `jax_baseline` exported for `run_as`, judged against `truth`.
 fn judge(truth: &Case, run_as: &Case) -> Vec<GateReport> {
     let inputs = Inputs::generate(truth);
     let oracle = Oracle::new(truth, &inputs);
-    let res = backend().run("jax_baseline", run_as, &inputs, &RunOptions { warmup: 0, repeats: 1 }).unwrap();
+    let res = backend().run_exported_as("jax_baseline", run_as, truth, &inputs, &RunOptions { warmup: 0, repeats: 1 }).unwrap();
     let t = res.timing.expect("pjrt-cpu reports timing");
     assert!(t.compile_s.is_some() && t.runs_s.len() == 1);
     assert!(res.memory.and_then(|m| m.argument_bytes).unwrap_or(0) > 0, "compiled memory stats");
-    gates::judge(truth, &inputs, &oracle, &res.outputs)
+    gates::judge(truth, &inputs, &oracle, res.outputs.as_ref().expect("pjrt-cpu returns outputs"))
 }
 
 fn failed(r: &[GateReport]) -> Vec<OutputName> {
@@ -70,11 +70,11 @@ fn unsupported_or_unknown_implementation_is_a_reason_not_a_pass() {
 
 #[test]
 fn missing_plugin_is_one_clear_line() {
-    let mut cfg = Config::load_default().unwrap().backends["pjrt-cpu"].clone();
+    let mut cfg = Config::load_default().unwrap().backends.pjrt_cpu.clone().unwrap();
     cfg.plugin = Some("/nonexistent/plugin.so".into());
     if std::env::var_os(grpo_pjrt::PLUGIN_ENV).is_some() {
         return; // the environment overrides the config on purpose
     }
-    let e = format!("{:#}", PjrtBackend::cpu(&cfg).err().expect("must fail"));
+    let e = format!("{:#}", PjrtCpu::new(&cfg).err().expect("must fail"));
     assert!(e.contains("/nonexistent/plugin.so") && e.contains("scripts/setup.sh") && !e.contains('\n'), "{e}");
 }

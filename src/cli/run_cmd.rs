@@ -1,11 +1,14 @@
-//! `grpo-suite run`: trials of a suite, progress, a closing table and a JSONL record.
+//! `grpo-suite run`: the suite's trial list (the same one `cargo test` runs), progress,
+//! a closing table and a JSONL record of every trial.
 
 use anyhow::{bail, Result};
 use clap::Args;
-use grpo_conformance::backend::{self, RunOptions};
+use grpo_conformance::backends::RunOptions;
 use grpo_conformance::cases::{Matrix, Suite};
+use grpo_conformance::config::Config;
 use grpo_conformance::records::RecordWriter;
-use grpo_conformance::runner::{run_trial, Prepared, TrialOutcome, Verdict};
+use grpo_conformance::runner::{CaseCache, TrialOutcome};
+use grpo_conformance::trials::{Plan, Selection, Tally};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::PathBuf;
 
@@ -15,18 +18,20 @@ pub struct RunArgs {
     /// smoke | ci | nightly | full
     #[arg(long, default_value = "smoke")]
     pub suite: Suite,
-    /// Backends to use (default: every available one).
+    /// Only run trials of these backends (default: every configured one).
     #[arg(long = "backend")]
     pub backends: Vec<String>,
-    /// Implementations to run (default: every one of each backend).
+    /// Only run trials of these implementations.
     #[arg(long = "impl")]
     pub impls: Vec<String>,
-    /// Only cases whose id contains this.
+    /// Only trials whose name contains this (names are `backend/implementation/case`,
+    /// `golden/case`, `should-fail/variant`; as `cargo test -- FILTER`).
     #[arg(long)]
     pub filter: Option<String>,
-    /// Run configuration (backends, implementations, options, repetitions).
-    #[arg(long, default_value_os_t = grpo_conformance::repo_root().join(grpo_conformance::config::DEFAULT_CONFIG))]
-    pub config: PathBuf,
+    /// Run configuration (default: GRPO_CONFIG, else configs/nightly.yaml for the nightly
+    /// suite, else configs/default.yaml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
     /// Timed executions per trial (after warm-up); default from the config.
     #[arg(long)]
     pub repeats: Option<usize>,
@@ -36,6 +41,9 @@ pub struct RunArgs {
     /// JSONL record file (default: records/<suite>-<unix time>.jsonl).
     #[arg(long)]
     pub records: Option<PathBuf>,
+    /// Print the selected trial names and exit (nothing is exported or run).
+    #[arg(long)]
+    pub list: bool,
 }
 
 fn fmt_s(s: Option<f64>) -> String {
@@ -49,78 +57,90 @@ fn fmt_s(s: Option<f64>) -> String {
 
 /// Runs the trials.
 pub fn run(matrix: &Matrix, args: RunArgs) -> Result<()> {
-    let config = grpo_conformance::config::Config::load(&args.config)?;
-    let (all, unavailable) = backend::available(&config);
-    for (name, why) in &unavailable {
-        eprintln!("note: backend {name} unavailable: {why}");
-    }
-    let names: Vec<String> = all.iter().map(|b| b.name().to_string()).collect();
+    let config = Config::load(&Config::path_for(args.config.as_deref(), args.suite)?)?;
+    let known = config.backends.names();
     for b in &args.backends {
-        if !names.contains(b) {
-            bail!("unknown or unavailable backend `{b}`; available: {}", names.join(", "));
+        if !known.contains(b) {
+            bail!("unknown backend `{b}`; the configuration {} has: {}", config.origin, known.join(", "));
         }
     }
-    let backends: Vec<_> = all.iter().filter(|b| args.backends.is_empty() || args.backends.iter().any(|n| n == b.name())).collect();
+    let required = grpo_conformance::env::require_backends();
+    let mut plan = Plan::build(matrix, args.suite, &config, &required, false)?;
+    let all_impls: Vec<String> = plan.trials.iter().map(|t| t.key.1.clone()).collect();
     for i in &args.impls {
-        if !backends.iter().any(|b| b.implementations().contains(i)) {
-            bail!("no selected backend has implementation `{i}`");
+        if !all_impls.contains(i) {
+            bail!("no configured backend has implementation `{i}` (configuration {})", config.origin);
         }
     }
-    let cases: Vec<_> = matrix
-        .suite(args.suite)
-        .into_iter()
-        .filter(|c| args.filter.as_deref().is_none_or(|f| c.id.contains(f)))
-        .collect();
-    if cases.is_empty() {
-        bail!("no case of suite {} matches the filter", args.suite);
+    plan.select(&Selection {
+        filters: args.filter.iter().cloned().collect(),
+        backends: args.backends.clone(),
+        implementations: args.impls.clone(),
+        ..Default::default()
+    });
+    if plan.trials.is_empty() {
+        bail!("no trial of suite {} matches the selection: nothing would be checked", args.suite);
+    }
+    if args.list {
+        for n in plan.names() {
+            println!("{n}");
+        }
+        return Ok(());
+    }
+    for u in &plan.unavailable {
+        eprintln!("note: backend {} unavailable: {}", u.name, u.reason);
+    }
+    let scale = grpo_conformance::gates::tiers::scale();
+    if scale != 1.0 {
+        eprintln!("note: {}={scale}: every tolerance is multiplied by {scale}", grpo_conformance::env::TOL_SCALE);
     }
     let opts = RunOptions { warmup: args.warmup.unwrap_or(config.warmup), repeats: args.repeats.unwrap_or(config.repeats) };
-    let mut plan = Vec::new();
-    for b in &backends {
-        let impls: Vec<String> =
-            b.implementations().into_iter().filter(|i| args.impls.is_empty() || args.impls.contains(i)).collect();
-        let work: Vec<(&str, &grpo_conformance::cases::Case)> =
-            cases.iter().flat_map(|c| impls.iter().map(move |i| (i.as_str(), *c))).collect();
-        b.prepare(&work)?;
-        plan.push((b, impls));
-    }
-    let n_trials: usize = plan.iter().map(|(_, i)| i.len()).sum::<usize>() * cases.len();
     let path = args.records.clone().unwrap_or_else(|| {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         grpo_conformance::repo_root().join("records").join(format!("{}-{t}.jsonl", args.suite))
     });
     let mut rec = RecordWriter::open(&path)?;
-    let pb = ProgressBar::new(n_trials as u64);
+    let pb = ProgressBar::new(plan.trials.len() as u64);
     pb.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {wide_msg}").unwrap());
+    pb.set_message("preparing (export)");
+    for (b, e) in plan.prepare() {
+        pb.suspend(|| eprintln!("ERROR {b}: preparing failed: {e}"));
+    }
+    let cache = CaseCache::default();
+    plan.announce(&cache);
     let mut outcomes: Vec<TrialOutcome> = Vec::new();
-    for c in &cases {
-        pb.set_message(format!("{} (inputs + oracle)", c.id));
-        let prep = Prepared::new(c);
-        for (b, impls) in &plan {
-            for i in impls {
-                pb.set_message(format!("{}/{i}/{}", b.name(), c.id));
-                let o = run_trial(b.as_ref(), i, c, &prep, &opts);
-                rec.write(args.suite.name(), &o)?;
-                if matches!(o.verdict, Verdict::Fail | Verdict::Error(_)) {
-                    pb.suspend(|| eprintln!("FAIL {}\n  {}", o.name(), o.failure_text().replace('\n', "\n  ")));
-                }
-                outcomes.push(o);
-                pb.inc(1);
-            }
+    for t in &plan.trials {
+        pb.set_message(t.name.clone());
+        let o = plan.execute(t, &cache, &opts);
+        rec.write(args.suite.name(), &o)?;
+        if !o.verdict.is_ok() {
+            pb.suspend(|| eprintln!("{} {}\n  {}", o.verdict.label(), o.name, o.failure_text().replace('\n', "\n  ")));
         }
+        outcomes.push(o);
+        pb.inc(1);
     }
     pb.finish_and_clear();
     print_table(&outcomes);
-    let count = |f: &dyn Fn(&Verdict) -> bool| outcomes.iter().filter(|o| f(&o.verdict)).count();
-    let (pass, fail, err, ign) = (
-        count(&|v| *v == Verdict::Pass),
-        count(&|v| *v == Verdict::Fail),
-        count(&|v| matches!(v, Verdict::Error(_))),
-        count(&|v| matches!(v, Verdict::Ignored(_))),
-    );
-    println!("\n{pass} passed, {fail} failed, {err} errors, {ign} ignored; records: {}", rec.path().display());
-    if fail + err > 0 {
-        bail!("{} of {} trials did not pass", fail + err, outcomes.len());
+    let t = Tally::of(&outcomes);
+    let mut line = format!("\n{} passed, {} failed, {} errors, {} ignored", t.passed, t.failed, t.errors, t.ignored);
+    if t.expected_fail + t.unexpected_pass > 0 {
+        line.push_str(&format!(", {} expected failures, {} unexpected passes", t.expected_fail, t.unexpected_pass));
+    }
+    if scale != 1.0 {
+        line.push_str(&format!("; TOLERANCES SCALED ×{scale}"));
+    }
+    println!("{line}; records: {}", rec.path().display());
+    if !plan.unavailable.is_empty() {
+        println!(
+            "unavailable backends (their trials are ignored): {}",
+            plan.unavailable.iter().map(|u| u.name.as_str()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    if !t.green() {
+        if t.passed + t.expected_fail == 0 && t.failed + t.errors + t.unexpected_pass == 0 {
+            bail!("no trial passed ({} ignored): the run checked nothing", t.ignored);
+        }
+        bail!("{} of {} trials did not pass", t.failed + t.errors + t.unexpected_pass, outcomes.len());
     }
     Ok(())
 }
@@ -129,25 +149,38 @@ fn print_table(outcomes: &[TrialOutcome]) {
     let rows: Vec<[String; 6]> = outcomes
         .iter()
         .map(|o| {
-            let verdict = match &o.verdict {
-                Verdict::Pass => "pass".to_string(),
-                Verdict::Fail => "FAIL".to_string(),
-                Verdict::Error(_) => "ERROR".to_string(),
-                Verdict::Ignored(r) => format!("ignored: {r}"),
+            let worst = match (&o.budget, o.worst()) {
+                (Some(b), _) => format!("peak/floor {:.3} (≤{})", b.ratio, b.max_peak_over_floor),
+                (None, Some(g)) => format!("{} {:.2e}", g.output, g.norm_err),
+                (None, None) => "-".into(),
             };
-            let worst = o.worst().map_or("-".into(), |g| format!("{} {:.2e}", g.output, g.norm_err));
             let peak = o.memory.as_ref().and_then(|m| m.peak_bytes).map_or("-".into(), |b| format!("{:.1}MiB", b as f64 / (1 << 20) as f64));
-            [o.case.clone(), format!("{}/{}", o.backend, o.implementation), verdict, worst, fmt_s(o.timing.as_ref().and_then(|t| t.median_s())), peak]
+            let time = match o.timing.as_ref() {
+                Some(t) if t.runs_s.is_empty() => t.compile_s.map_or("-".into(), |c| format!("compile {}", fmt_s(Some(c)))),
+                Some(t) => fmt_s(t.median_s()),
+                None => "-".into(),
+            };
+            let what = o.verdict.label();
+            let trial = o.name.strip_suffix(&format!("/{}", o.case)).unwrap_or(&o.name).to_string();
+            [o.case.clone(), trial, what, worst, time, peak]
         })
         .collect();
-    let head = ["case", "implementation", "verdict", "worst error", "median", "peak"];
+    let head = ["case", "trial", "verdict", "worst error / budget", "median", "peak"];
     let mut w = head.map(|h| h.len());
     for r in &rows {
         for (k, c) in r.iter().enumerate() {
             w[k] = w[k].max(c.chars().count());
         }
     }
-    let line = |r: &[String]| r.iter().enumerate().map(|(k, c)| format!("{c:<width$}", width = w[k])).collect::<Vec<_>>().join("  ");
+    let line = |r: &[String]| {
+        r.iter()
+            .enumerate()
+            .map(|(k, c)| format!("{c:<width$}", width = w[k]))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
     println!("{}", line(&head.map(String::from)));
     for r in &rows {
         println!("{}", line(r));

@@ -29,7 +29,12 @@ pub struct Tolerance {
 }
 
 /// Environment variable that multiplies every tolerance (e.g. 0.1 for a stricter run).
-pub const SCALE_ENV: &str = "GRPO_TOL_SCALE";
+pub const SCALE_ENV: &str = crate::env::TOL_SCALE;
+
+/// The tolerance multiplier in force (1 unless `GRPO_TOL_SCALE` says otherwise).
+pub fn scale() -> f64 {
+    env_scale()
+}
 
 /// The tolerance of `output` for a case of `dtype` in `tier`.
 pub fn tolerance(tier: TierName, dtype: DType, output: OutputName) -> Tolerance {
@@ -53,11 +58,10 @@ pub fn tolerance(tier: TierName, dtype: DType, output: OutputName) -> Tolerance 
 }
 
 fn env_scale() -> f64 {
-    std::env::var(SCALE_ENV)
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|x| *x > 0.0 && x.is_finite())
-        .unwrap_or(1.0)
+    // Front ends validate the environment at start-up (`crate::env::check_all`); a library
+    // user who skipped that gets the same one-line message here rather than a silent 1.0.
+    static SCALE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *SCALE.get_or_init(|| crate::env::tol_scale().unwrap_or_else(|e| panic!("{e:#}")))
 }
 
 #[cfg(test)]

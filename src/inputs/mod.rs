@@ -27,8 +27,8 @@ pub const REF_LOGP_NOISE: f64 = 0.1;
 /// Log-ratio magnitude of the `extreme_ratio` profile.
 pub const EXTREME_LOG_RATIO: f64 = 20.0;
 
-/// All inputs of one case.
-#[derive(Debug, Clone)]
+/// All inputs of one case (empty by default: what a compile-only backend gets).
+#[derive(Debug, Clone, Default)]
 pub struct Inputs {
     /// [B,T,V] logits (logits level; empty at fused level).
     pub logits: Vec<f32>,

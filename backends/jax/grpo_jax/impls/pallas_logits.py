@@ -1,14 +1,27 @@
 """``pallas_logits`` / ``pallas_logits_jaxbwd``: logits-level Pallas kernels (SPEC.md).
 
-Token rows: ``logits`` [B, T, V] is viewed as [N, V] with N = B*T (a free reshape). Rows are
-not padded: the row grid is ``cdiv(N, block_rows)`` and a partial last row block only
-computes rows whose results Pallas discards on write-back (rows are independent).
-The vocab axis is never padded in HBM either: the last, partial vocab tile is masked
-in-kernel (columns >= V are excluded from max, sum, entropy and the chosen logit; the
-backward writes 0 there, and those columns are outside the array anyway).
+HBM layout. The kernels read ``logits`` [B, T, V] and write ``dlogits`` [B, T, V] in the
+*physical* order of the entry parameter / result, so that no relayout copy of either
+array is needed (a copy of a [B, T, V] array doubles peak HBM). XLA:TPU does not store
+an entry array row-major: with the default layout mode it picks the "compact" layout,
+the dimension order (and small second-minor tile, 1/2/4/8 rows) of least padded size.
+For an unaligned vocabulary this is rarely [B][T][V]: bf16 [1, 2048, 151643] is stored
+[B][V][T] and f32 [4, 1024, 151643] is [V][B][T] (T minor, no padding at all). A Mosaic
+kernel only reads row-major operands, so the kernel is given ``transpose(logits, perm)``
+with ``perm`` the physical order (option ``logits_layout``; auto = ``tpu_default_layout``,
+which reproduces XLA:TPU's choice) and XLA turns the transposes into bitcasts. Measured
+(deviceless libtpu compile, v5e/v6e): peak HBM 2.00x arguments+outputs before, 1.00x now.
 
-Forward kernel, grid (row blocks "parallel", vocab blocks "arbitrary", vocab last), one
-pass over the vocab with per-row running statistics in VMEM scratch:
+Blocks. The vocab axis gets ``block_v``, the two token axes (B, T in their physical order)
+together ``block_rows`` tokens: the inner token axis takes min(block_rows, its size), the
+outer one the rest. Nothing is padded in HBM: partial blocks on any axis compute values
+that Pallas discards on write-back (tokens are independent), and the last, partial
+vocab tile is masked in-kernel (vocab entries >= V are excluded from max, sum, entropy
+and the chosen logit; the backward writes 0 there, and they are outside the array).
+
+Forward kernel, grid (outer token blocks, inner token blocks: "parallel"; vocab blocks
+"arbitrary", last), one pass over the vocab with per-token running statistics in VMEM
+scratch (reductions run along the vocab axis of the tile, wherever it is):
 
     s   = f32(z) / tau                      (in-kernel upcast)
     m   = running max of s
@@ -22,21 +35,39 @@ no gradient. With g = d loss / d logp (from JAX autodiff of ``grpo_math``):
 ``dlogits = g * (onehot - exp(s - lse)) / tau`` in the logits dtype, computed either by a
 second Pallas kernel that re-scans the vocab tiles (grid all "parallel"; ``bwd_impl=
 "pallas"``) or in plain JAX from the saved lse (``bwd_impl="jax"``, the ``_jaxbwd`` id).
+Both kernels carry a ``pl.CostEstimate`` so XLA's cost analysis sees them.
 
 The GRPO terms and aggregation (ratio, SPEC tie rule, delta, k3 KL, loss types, sequence
 level, masking) are ``grpo_math`` in JAX around the kernel; advantages never enter a kernel
 (seed 004: rank-1 advantages blocks did not lower on TPU for B > 1).
 
+``impl_options`` (defaults in ``_COMMON_OPTIONS``):
+  block_rows      128   tokens per block (clamped to the array; see Blocks)
+  block_v         2048  vocab entries per block (clamped to V)
+  interpret       null  null = auto (True on cpu, False on tpu)
+  bwd_impl        "pallas" | "jax" (``pallas_logits`` only)
+  logits_layout   null  physical order of logits/dlogits, major to minor, one of
+                        ``LAYOUTS`` ("btv" = row-major); null = auto (on tpu
+                        ``tpu_default_layout``, else "btv"). Any value computes the same
+                        function; a value other than XLA's choice costs relayout copies.
+  vmem_limit_bytes null Mosaic scoped-VMEM limit per kernel (``pltpu.CompilerParams``);
+                        null = the compiler default (v5e 16 MiB, v6e 32 MiB). Also the
+                        budget ``extra_check`` applies (default ``VMEM_BUDGET_BYTES``).
+
 TPU (``interpret=False``, Mosaic): the last two block dims must be divisible by 8 and 128
 or equal the array dims (blocks larger than the array are clamped to it first), and the
-estimated VMEM working set must fit a conservative 16 MiB (v5e's default scoped VMEM
-limit; v6e's is 32 MiB). ``extra_check`` reports violations as unsupported.
+estimated VMEM working set must fit the budget: a conservative 16 MiB (v5e's default
+scoped VMEM limit; v6e's is 32 MiB) unless ``vmem_limit_bytes`` is set (at most
+``VMEM_LIMIT_MAX_BYTES``: the 128 MiB of VMEM v5e and v6e have). ``extra_check`` reports
+violations as unsupported.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, Optional
+import itertools
+import math
+from typing import Any, Mapping, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -52,16 +83,55 @@ f32 = jnp.float32
 SUBLANE, LANE = 8, 128
 # Conservative VMEM budget for one kernel: v5e's default scoped limit (v6e: 32 MiB).
 VMEM_BUDGET_BYTES = 16 * 1024 * 1024
+# Largest accepted vmem_limit_bytes: the physical VMEM of v5e and v6e (128 MiB).
+VMEM_LIMIT_MAX_BYTES = 128 * 1024 * 1024
 # Initial running max: finite so that (m_old - m_new) * l_old is 0, never -inf * 0.
 _M_INIT = -1e30
 _ITEMSIZE = {"f32": 4, "bf16": 2, "f16": 2}
 
+# Logical axes of the logits and the physical orders (major to minor) a kernel can read.
+AXES = "btv"
+LAYOUTS = tuple("".join(p) for p in itertools.permutations(AXES))
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def tpu_default_layout(shape, dtype: str) -> str:
+    """The physical order (major to minor, e.g. "bvt") XLA:TPU gives an entry parameter
+    or result of this shape and dtype under the default layout mode.
+
+    XLA:TPU picks the "compact" layout: the dimension order whose tiled size is least,
+    where the minor dim is padded to 128 lanes and the second-minor dim to its tile rows
+    (the next power of two up to 8, at least 2 for 16-bit types); ties go to the order
+    closest to row-major (the lexicographically largest minor_to_major). Verified against
+    libtpu 0.0.42.1 (v5e and v6e) for 1964 shapes (B 1..32, T 1..2048, V 33..151936,
+    f32/bf16/f16) and the suite's nightly shapes; see target/hbm_probe.py.
+    """
+    itemsize = _ITEMSIZE[dtype]
+    best = None
+    for m2m in sorted(itertools.permutations(range(3)), reverse=True):
+        minor, second, major = (shape[i] for i in m2m)
+        rows = 1
+        while rows < min(second, SUBLANE):
+            rows *= 2
+        if itemsize == 2:
+            rows = max(rows, 2)
+        size = major * _round_up(second, rows) * _round_up(minor, LANE)
+        if best is None or size < best[0]:  # strict: the first (most row-major) wins ties
+            best = (size, m2m)
+    return "".join(AXES[i] for i in reversed(best[1]))
+
 
 # --------------------------------------------------------------------------- kernels
+# Refs are the kernel's view of one block: logits/dlogits tiles of rank 2 or 3 with the
+# vocab axis at ``kv``; per-token refs (ids, lse, g, outputs, scratch) have the same rank
+# with size 1 at ``kv``. Reductions over ``kv`` with keepdims map one onto the other.
 
 def _fwd_kernel(ids_ref, z_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a_sc, c_sc, *,
-                v: int, block_v: int, temperature: float, mask_tail: bool):
-    j = pl.program_id(1)
+                v: int, block_v: int, kv: int, temperature: float, mask_tail: bool):
+    j = pl.program_id(2)
 
     @pl.when(j == 0)
     def _init():
@@ -70,23 +140,23 @@ def _fwd_kernel(ids_ref, z_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a_sc, c_
         a_sc[...] = jnp.zeros(a_sc.shape, f32)
         c_sc[...] = jnp.zeros(c_sc.shape, f32)
 
-    s = z_ref[...].astype(f32) / temperature                        # [br, bv]
-    col = j * block_v + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-    if mask_tail:  # the last vocab tile runs past V: those columns are not logits
+    s = z_ref[...].astype(f32) / temperature                        # the tile
+    col = j * block_v + jax.lax.broadcasted_iota(jnp.int32, s.shape, kv)
+    if mask_tail:  # the last vocab tile runs past V: those entries are not logits
         s = jnp.where(col < v, s, -jnp.inf)
-    m_old, l_old, a_old = m_sc[...], l_sc[...], a_sc[...]            # [br, 1]
-    m_new = jnp.maximum(m_old, jnp.max(s, axis=1, keepdims=True))
+    m_old, l_old, a_old = m_sc[...], l_sc[...], a_sc[...]            # per token
+    m_new = jnp.maximum(m_old, jnp.max(s, axis=kv, keepdims=True))
     alpha = jnp.exp(m_old - m_new)
     d = s - m_new
     e = jnp.exp(d)
-    ed = jnp.where(e > 0, e * d, 0.0)  # e == 0 (masked column or -inf logit): no 0 * -inf
-    l_sc[...] = alpha * l_old + jnp.sum(e, axis=1, keepdims=True)
-    a_sc[...] = alpha * (a_old + (m_old - m_new) * l_old) + jnp.sum(ed, axis=1, keepdims=True)
+    ed = jnp.where(e > 0, e * d, 0.0)  # e == 0 (masked entry or -inf logit): no 0 * -inf
+    l_sc[...] = alpha * l_old + jnp.sum(e, axis=kv, keepdims=True)
+    a_sc[...] = alpha * (a_old + (m_old - m_new) * l_old) + jnp.sum(ed, axis=kv, keepdims=True)
     m_sc[...] = m_new
     hit = col == ids_ref[...]                                        # y is in [0, V)
-    c_sc[...] += jnp.sum(jnp.where(hit, s, 0.0), axis=1, keepdims=True)
+    c_sc[...] += jnp.sum(jnp.where(hit, s, 0.0), axis=kv, keepdims=True)
 
-    @pl.when(j == pl.num_programs(1) - 1)
+    @pl.when(j == pl.num_programs(2) - 1)
     def _finish():
         log_l = jnp.log(l_sc[...])
         lse = m_sc[...] + log_l
@@ -96,23 +166,95 @@ def _fwd_kernel(ids_ref, z_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a_sc, c_
 
 
 def _bwd_kernel(ids_ref, lse_ref, g_ref, z_ref, dz_ref, *,
-                v: int, block_v: int, temperature: float, mask_tail: bool):
-    j = pl.program_id(1)
+                v: int, block_v: int, kv: int, temperature: float, mask_tail: bool):
+    j = pl.program_id(2)
     s = z_ref[...].astype(f32) / temperature
-    col = j * block_v + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    col = j * block_v + jax.lax.broadcasted_iota(jnp.int32, s.shape, kv)
     p = jnp.exp(s - lse_ref[...])
     onehot = (col == ids_ref[...]).astype(f32)
     dz = g_ref[...] * (onehot - p) / temperature
-    if mask_tail:  # columns >= V: outside the array (dropped on write-back); write 0 anyway
+    if mask_tail:  # entries >= V: outside the array (dropped on write-back); write 0 anyway
         dz = jnp.where(col < v, dz, 0.0)
     dz_ref[...] = dz.astype(dz_ref.dtype)
 
 
 # --------------------------------------------------------------------------- config
 
-def _blocks(n: int, v: int, options: Mapping[str, Any]) -> tuple[int, int]:
-    """Effective (block_rows, block_v): clamped to the array (a block equal to a dim is legal)."""
-    return min(int(options["block_rows"]), n), min(int(options["block_v"]), v)
+class Plan(NamedTuple):
+    """How the kernels tile one problem (all tuples in physical order, major to minor)."""
+
+    layout: str     # e.g. "bvt"
+    perm: tuple     # physical dim i holds logical axis perm[i] (0=B, 1=T, 2=V)
+    shape: tuple    # physical shape of logits / dlogits
+    kv: int         # physical position of the vocab axis
+    block: tuple    # block shape (ints)
+    squeeze: tuple  # physical dims whose size-1 block is squeezed out of the kernel view
+
+    @property
+    def grid(self) -> tuple:
+        """(outer token blocks, inner token blocks, vocab blocks)."""
+        pa, pb = self.token_dims
+        return tuple(pl.cdiv(self.shape[p], self.block[p]) for p in (pa, pb, self.kv))
+
+    @property
+    def token_dims(self) -> tuple:
+        return tuple(p for p in range(3) if p != self.kv)
+
+    @property
+    def kernel_block(self) -> tuple:
+        """The block as the kernel sees it (squeezed dims dropped)."""
+        return tuple(b for p, b in enumerate(self.block) if p not in self.squeeze)
+
+    @property
+    def kernel_kv(self) -> int:
+        """The vocab axis in the kernel's (squeezed) view of a block."""
+        return self.kv - sum(p < self.kv for p in self.squeeze)
+
+
+def _layout(problem: Problem, options: Mapping[str, Any]) -> str:
+    layout = options.get("logits_layout")
+    if layout is not None:
+        return layout
+    if problem.platform == "tpu":
+        return tpu_default_layout((problem.b, problem.t, problem.v), problem.dtype)
+    return "btv"
+
+
+def make_plan(problem: Problem, options: Mapping[str, Any]) -> Plan:
+    """Physical layout and block shape (blocks are clamped to the array).
+
+    Vocab minor or second-minor ("btv", "tbv", "bvt", "tvb"): the vocab block is
+    ``block_v``, the inner token dim takes min(block_rows, size), the outer one
+    block_rows // that (at least 1). Vocab major ("vbt", "vtb", XLA's choice e.g. for f32
+    [4, 1024, 151643]): the tokens fill the lanes (min(block_rows, size)) and the
+    second-minor token dim is squeezed if it has size 1, else taken whole or in multiples
+    of 8 (each slab is padded to 8 sublanes in VMEM); the vocab block (a leading dim) is
+    then scaled so the padded tile keeps block_rows x block_v elements.
+    """
+    layout = _layout(problem, options)
+    perm = tuple(AXES.index(c) for c in layout)
+    shape = tuple((problem.b, problem.t, problem.v)[a] for a in perm)
+    kv = perm.index(2)
+    rows, block_v = int(options["block_rows"]), int(options["block_v"])
+    block = [0, 0, 0]
+    pa, pb = (p for p in range(3) if p != kv)
+    block[pb] = min(rows, shape[pb])
+    outer = min(max(1, rows // block[pb]), shape[pa])
+    if pa == 1 and outer % SUBLANE and outer != shape[pa]:
+        # A sublane dim takes a multiple of 8 or the whole dim: round to one (may exceed rows).
+        outer = min(shape[pa], max(SUBLANE, outer // SUBLANE * SUBLANE))
+    block[pa] = outer
+    if kv == 0:
+        padded = (1 if shape[1] == 1 else _round_up(block[1], SUBLANE)) * _round_up(block[2], LANE)
+        block_v = max(1, rows * block_v // padded)
+    block[kv] = min(block_v, shape[kv])
+    # Size-1 blocks squeezed out of the kernel's view: the leading dim (tokens), and a
+    # second-minor token dim of size 1 (V major): the kernel then works on 2-D tiles.
+    if kv == 0:
+        squeeze = (1,) if shape[1] == 1 else ()
+    else:
+        squeeze = (0,) if block[0] == 1 else ()
+    return Plan(layout, perm, shape, kv, tuple(block), squeeze)
 
 
 def _interpret(platform: str, options: Mapping[str, Any]) -> bool:
@@ -120,16 +262,28 @@ def _interpret(platform: str, options: Mapping[str, Any]) -> bool:
     return platform == "cpu" if flag is None else bool(flag)
 
 
-def vmem_estimate(br: int, bv: int, dtype: str, bwd_pallas: bool) -> int:
+def _vmem_bytes(block, itemsize: int) -> int:
+    """VMEM footprint of a block: minor dim padded to 128 lanes, second-minor to the
+    sublane tile (8 rows of 32 bits: 16 rows for 16-bit types)."""
+    *lead, second, minor = block
+    rows = SUBLANE * (4 // itemsize)
+    return math.prod(lead) * _round_up(second, rows) * _round_up(minor, LANE) * itemsize
+
+
+def vmem_estimate(block, kv: int, dtype: str, bwd_pallas: bool) -> int:
     """Bytes of VMEM one kernel needs (the larger of fwd and bwd), conservatively.
 
-    Double-buffered logits tile (and dlogits tile in the backward), ~4 f32 tile-sized
-    temporaries (s, exp, products, iota), and per-row [br, 1] blocks padded to 128 lanes.
+    ``block`` is the kernel's view of a logits tile (``Plan.kernel_block``, major to
+    minor) and ``kv`` its vocab axis. Double-buffered logits tile (and dlogits tile in the
+    backward), ~4 f32 tile-sized temporaries (s, exp, products, iota), and per-token
+    blocks (the tile with size 1 on the vocab axis), all padded to (8, 128) tiles.
     """
-    tile = br * bv
-    rows = -(-br // SUBLANE) * SUBLANE * LANE * 4
-    fwd = 2 * tile * _ITEMSIZE[dtype] + 4 * tile * 4 + 2 * 4 * rows + 4 * rows
-    bwd = 4 * tile * _ITEMSIZE[dtype] + 4 * tile * 4 + 2 * 3 * rows
+    block = tuple(block)
+    stats = block[:kv] + (1,) + block[kv + 1:]
+    tile_in, tile_f32 = _vmem_bytes(block, _ITEMSIZE[dtype]), _vmem_bytes(block, 4)
+    rows = _vmem_bytes(stats, 4)
+    fwd = 2 * tile_in + 4 * tile_f32 + 2 * 4 * rows + 4 * rows
+    bwd = 4 * tile_in + 4 * tile_f32 + 2 * 3 * rows
     return max(fwd, bwd) if bwd_pallas else fwd
 
 
@@ -144,6 +298,15 @@ def _validate_options(options: Mapping[str, Any]) -> None:
     if options["interpret"] not in (None, True, False):
         raise RequestError(f"impl_options.interpret must be true, false or null (auto), "
                            f"got {options['interpret']!r}")
+    layout = options.get("logits_layout")
+    if layout is not None and layout not in LAYOUTS:
+        raise RequestError(f"impl_options.logits_layout must be null (auto) or one of "
+                           f"{list(LAYOUTS)}, got {layout!r}")
+    limit = options.get("vmem_limit_bytes")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or not 0 < limit <= VMEM_LIMIT_MAX_BYTES):
+        raise RequestError(f"impl_options.vmem_limit_bytes must be null or an integer in "
+                           f"(0, {VMEM_LIMIT_MAX_BYTES}], got {limit!r}")
 
 
 def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[str]:
@@ -157,91 +320,140 @@ def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[st
         return None  # plain HLO: any block shape works
     if p.platform != "tpu":
         return f"Mosaic (interpret=false) needs platform tpu, not {p.platform!r}"
-    n = p.b * p.t
-    br, bv = _blocks(n, p.v, options)
+    plan = make_plan(p, options)
     bad = []
-    if br % SUBLANE and br != n:
-        bad.append(f"block_rows={br} is neither a multiple of {SUBLANE} nor N=B*T={n}")
-    if bv % LANE and bv != p.v:
-        bad.append(f"block_v={bv} is neither a multiple of {LANE} nor V={p.v}")
-    need = vmem_estimate(br, bv, p.dtype, options.get("bwd_impl", "pallas") == "pallas")
-    if need > VMEM_BUDGET_BYTES:
-        bad.append(f"estimated VMEM working set {need} B for blocks ({br}, {bv}) {p.dtype} "
-                   f"exceeds the {VMEM_BUDGET_BYTES} B budget")
+    for dim, unit in ((1, SUBLANE), (2, LANE)):
+        blk, size = plan.block[dim], plan.shape[dim]
+        if blk % unit and blk != size:
+            key = "block_v" if dim == plan.kv else "block_rows"
+            axis = plan.layout[dim].upper()
+            bad.append(f"{key}={options[key]} is neither a multiple of {unit} nor "
+                       f"{axis}={size} (block {blk} on the {'lane' if dim == 2 else 'sublane'} "
+                       f"axis of the {plan.layout!r} logits layout)")
+    need = vmem_estimate(plan.kernel_block, plan.kernel_kv, p.dtype,
+                         options.get("bwd_impl", "pallas") == "pallas")
+    budget = options.get("vmem_limit_bytes") or VMEM_BUDGET_BYTES
+    if need > budget:
+        bad.append(f"estimated VMEM working set {need} B for blocks {plan.block} "
+                   f"({plan.layout}) {p.dtype} exceeds the {budget} B budget")
     return "; ".join(bad) if bad else None
 
 
 # --------------------------------------------------------------------------- pallas calls
 
-def _row_spec(br):
-    return pl.BlockSpec((br, 1), lambda i, j: (i, 0))
+def _spec(plan: Plan, *, stats: bool) -> pl.BlockSpec:
+    """BlockSpec of a logits-shaped (stats=False) or per-token (stats=True) operand."""
+    kv = plan.kv
+    pa, pb = plan.token_dims
+    block = list(plan.block)
+    if stats:
+        block[kv] = 1
+    for p in plan.squeeze:
+        block[p] = None
+
+    def index_map(ga, gb, gv):
+        idx = [0, 0, 0]
+        idx[pa], idx[pb] = ga, gb
+        idx[kv] = 0 if stats else gv
+        return tuple(idx)
+    return pl.BlockSpec(tuple(block), index_map)
 
 
-def _fwd(z2, ids2, *, br, bv, temperature, interpret, mask_tail):
-    n, v = z2.shape
-    grid = (pl.cdiv(n, br), pl.cdiv(v, bv))
-    kernel = functools.partial(_fwd_kernel, v=v, block_v=bv, temperature=temperature,
-                               mask_tail=mask_tail and v % bv != 0)
-    row = jax.ShapeDtypeStruct((n, 1), f32)
+def _stats_shape(plan: Plan) -> tuple:
+    return plan.shape[:plan.kv] + (1,) + plan.shape[plan.kv + 1:]
+
+
+def _compiler_params(semantics, vmem_limit_bytes):
+    return pltpu.CompilerParams(dimension_semantics=semantics,
+                                vmem_limit_bytes=vmem_limit_bytes)
+
+
+def _fwd(zp, idsp, *, plan, temperature, interpret, mask_tail, vmem_limit_bytes):
+    v = plan.shape[plan.kv]
+    bv = plan.block[plan.kv]
+    kernel = functools.partial(_fwd_kernel, v=v, block_v=bv, kv=plan.kernel_kv,
+                               temperature=temperature, mask_tail=mask_tail and v % bv != 0)
+    n = math.prod(plan.shape) // v
+    row = jax.ShapeDtypeStruct(_stats_shape(plan), f32)
+    rows = _spec(plan, stats=True)
+    scratch = tuple(b for b in rows.block_shape if b is not None)  # the kernel's view
+    elems = n * v
+    cost = pl.CostEstimate(
+        flops=12 * elems, transcendentals=elems + 2 * n * plan.grid[2],
+        bytes_accessed=elems * zp.dtype.itemsize + 4 * n + 3 * 4 * n)
     return pl.pallas_call(
         kernel,
-        grid=grid,
-        in_specs=[_row_spec(br), pl.BlockSpec((br, bv), lambda i, j: (i, j))],
-        out_specs=[_row_spec(br)] * 3,
+        grid=plan.grid,
+        in_specs=[rows, _spec(plan, stats=False)],
+        out_specs=[rows] * 3,
         out_shape=[row] * 3,
-        scratch_shapes=[pltpu.VMEM((br, 1), f32)] * 4,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        scratch_shapes=[pltpu.VMEM(scratch, f32)] * 4,
+        compiler_params=_compiler_params(("parallel", "parallel", "arbitrary"),
+                                         vmem_limit_bytes),
+        cost_estimate=cost,
         interpret=interpret,
         name="grpo_logp_fwd",
-    )(ids2, z2)
+    )(idsp, zp)
 
 
-def _bwd_pallas(z2, ids2, lse, g, *, br, bv, temperature, interpret, mask_tail):
-    n, v = z2.shape
-    grid = (pl.cdiv(n, br), pl.cdiv(v, bv))
-    kernel = functools.partial(_bwd_kernel, v=v, block_v=bv, temperature=temperature,
-                               mask_tail=mask_tail and v % bv != 0)
+def _bwd_pallas(zp, idsp, lse, g, *, plan, temperature, interpret, mask_tail,
+                vmem_limit_bytes):
+    v = plan.shape[plan.kv]
+    bv = plan.block[plan.kv]
+    kernel = functools.partial(_bwd_kernel, v=v, block_v=bv, kv=plan.kernel_kv,
+                               temperature=temperature, mask_tail=mask_tail and v % bv != 0)
+    n = math.prod(plan.shape) // v
+    elems = n * v
+    cost = pl.CostEstimate(
+        flops=8 * elems, transcendentals=elems,
+        bytes_accessed=2 * elems * zp.dtype.itemsize + 3 * 4 * n)
+    tile = _spec(plan, stats=False)
     return pl.pallas_call(
         kernel,
-        grid=grid,
-        in_specs=[_row_spec(br)] * 3 + [pl.BlockSpec((br, bv), lambda i, j: (i, j))],
-        out_specs=pl.BlockSpec((br, bv), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((n, v), z2.dtype),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        grid=plan.grid,
+        in_specs=[_spec(plan, stats=True)] * 3 + [tile],
+        out_specs=tile,
+        out_shape=jax.ShapeDtypeStruct(zp.shape, zp.dtype),
+        compiler_params=_compiler_params(("parallel", "parallel", "parallel"),
+                                         vmem_limit_bytes),
+        cost_estimate=cost,
         interpret=interpret,
         name="grpo_logp_bwd",
-    )(ids2, lse, g, z2)
+    )(idsp, lse, g, zp)
 
 
-def _bwd_jax(z2, ids2, lse, g, *, temperature):
-    s = z2.astype(f32) / temperature
+def _bwd_jax(zp, idsp, lse, g, *, kv, temperature):
+    s = zp.astype(f32) / temperature
     p = jnp.exp(s - lse)
-    onehot = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1) == ids2
-    return (g * (onehot.astype(f32) - p) / temperature).astype(z2.dtype)
+    onehot = jax.lax.broadcasted_iota(jnp.int32, s.shape, kv) == idsp
+    return (g * (onehot.astype(f32) - p) / temperature).astype(zp.dtype)
 
 
-def make_logp_entropy(*, br, bv, temperature, interpret, bwd_impl, mask_tail=True):
-    """(z2 [N, V], ids2 [N, 1] i32) -> (logp [N, 1], entropy [N, 1]), with SPEC's VJP."""
-    fwd_kw = dict(br=br, bv=bv, temperature=temperature, interpret=interpret,
-                  mask_tail=mask_tail)
+def make_logp_entropy(*, plan, temperature, interpret, bwd_impl, mask_tail=True,
+                      vmem_limit_bytes=None):
+    """(zp, idsp) -> (logp, entropy), with SPEC's VJP; all in ``plan``'s physical order:
+    zp = transpose(logits, plan.perm), idsp = transpose(ids[..., None], plan.perm) (i32),
+    outputs f32 shaped like idsp."""
+    fwd_kw = dict(plan=plan, temperature=temperature, interpret=interpret,
+                  mask_tail=mask_tail, vmem_limit_bytes=vmem_limit_bytes)
 
     @jax.custom_vjp
-    def logp_entropy(z2, ids2):
-        _, logp, ent = _fwd(z2, ids2, **fwd_kw)
+    def logp_entropy(zp, idsp):
+        _, logp, ent = _fwd(zp, idsp, **fwd_kw)
         return logp, ent
 
-    def fwd_rule(z2, ids2):
-        lse, logp, ent = _fwd(z2, ids2, **fwd_kw)
-        return (logp, ent), (z2, ids2, lse)
+    def fwd_rule(zp, idsp):
+        lse, logp, ent = _fwd(zp, idsp, **fwd_kw)
+        return (logp, ent), (zp, idsp, lse)
 
     def bwd_rule(res, cts):
-        z2, ids2, lse = res
+        zp, idsp, lse = res
         g, _ = cts  # entropy is a metric: its cotangent is ignored
         g = g.astype(f32)
         if bwd_impl == "pallas":
-            dz = _bwd_pallas(z2, ids2, lse, g, **fwd_kw)
+            dz = _bwd_pallas(zp, idsp, lse, g, **fwd_kw)
         else:
-            dz = _bwd_jax(z2, ids2, lse, g, temperature=temperature)
+            dz = _bwd_jax(zp, idsp, lse, g, kv=plan.kv, temperature=temperature)
         return dz, None
 
     logp_entropy.defvjp(fwd_rule, bwd_rule)
@@ -256,21 +468,23 @@ def _builder(bwd_impl_fixed: Optional[str]):
         if problem.level != "logits":
             raise ValueError("pallas_logits implements the logits level only")
         _validate_options({"interpret": None, **options})
-        b, t, v = problem.b, problem.t, problem.v
-        n = b * t
-        br, bv = _blocks(n, v, options)
+        b, t = problem.b, problem.t
+        plan = make_plan(problem, options)
+        inverse = tuple(plan.perm.index(a) for a in range(3))
         kernel = make_logp_entropy(
-            br=br, bv=bv, temperature=k.temperature,
+            plan=plan, temperature=k.temperature,
             interpret=_interpret(problem.platform, options),
             bwd_impl=bwd_impl_fixed or options["bwd_impl"],
-            mask_tail=not options.get("_unsafe_no_tail_mask", False))
+            mask_tail=not options.get("_unsafe_no_tail_mask", False),
+            vmem_limit_bytes=options.get("vmem_limit_bytes"))
 
         def loss_fn(logits, chosen_ids, old_logp, ref_logp, advantages, mask):
-            z2 = logits.reshape(n, v)
-            ids2 = chosen_ids.reshape(n, 1).astype(jnp.int32)
-            logp2, ent2 = kernel(z2, ids2)
-            logp = logp2.reshape(b, t)
-            entropy = jax.lax.stop_gradient(ent2.reshape(b, t))
+            # Both transposes are bitcasts when plan.layout is the arrays' physical order.
+            zp = jnp.transpose(logits, plan.perm)
+            idsp = jnp.transpose(chosen_ids.astype(jnp.int32)[..., None], plan.perm)
+            logp_p, ent_p = kernel(zp, idsp)
+            logp = jnp.transpose(logp_p, inverse).reshape(b, t)
+            entropy = jax.lax.stop_gradient(jnp.transpose(ent_p, inverse).reshape(b, t))
             loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
             return loss, (jax.lax.stop_gradient(logp), aux, entropy)
 
@@ -284,12 +498,14 @@ def _builder(bwd_impl_fixed: Optional[str]):
 
 
 _CAPS = Capabilities(levels=frozenset({"logits"}), platforms=frozenset({"cpu", "tpu"}))
-_COMMON_OPTIONS = {"block_rows": 128, "block_v": 2048, "interpret": None}
+_COMMON_OPTIONS = {"block_rows": 128, "block_v": 2048, "interpret": None,
+                   "logits_layout": None, "vmem_limit_bytes": None}
 
 IMPLEMENTATION = Implementation(
     id="pallas_logits",
     description="Pallas logits-level kernel: vocab-tiled online logsumexp + entropy, "
-                "masked last vocab tile; custom_vjp with a Pallas (or JAX) dlogits backward",
+                "masked last vocab tile, logits read in their physical HBM order; "
+                "custom_vjp with a Pallas (or JAX) dlogits backward",
     build=_builder(None),
     capabilities=_CAPS,
     default_options={**_COMMON_OPTIONS, "bwd_impl": "pallas"},

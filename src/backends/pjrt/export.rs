@@ -2,7 +2,10 @@
 //! manifests. One process per batch: jax starts once, cached artifacts are reused.
 
 use crate::cases::Case;
-use anyhow::{bail, Context, Result};
+use crate::config::ImplConfig;
+use anyhow::{anyhow, bail, Context, Result};
+use std::collections::HashMap;
+use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -152,4 +155,68 @@ pub fn export_batch(
         bail!("exporter answered {} of {} requests; stderr: {}", results.len(), work.len(), String::from_utf8_lossy(&out.stderr));
     }
     Ok(results)
+}
+
+/// The exporter of one backend: which Python, which cache, which platform, and what it
+/// has answered so far (per implementation name and case id). Only work a trial will
+/// run is ever sent to it.
+pub struct Exporter {
+    python: PathBuf,
+    cache_dir: PathBuf,
+    platform: String,
+    done: Mutex<HashMap<(String, String), Exported>>,
+}
+
+impl Exporter {
+    /// The exporter for `platform` (`cpu` or `tpu`): `GRPO_PYTHON` or the venv's Python,
+    /// `GRPO_ARTIFACTS` or `target/grpo-artifacts`. Errors say what is missing.
+    pub fn new(platform: &str) -> Result<Exporter> {
+        let python = crate::env::python()?.unwrap_or_else(|| crate::repo_root().join(".venv/bin/python"));
+        if !python.exists() {
+            bail!("no Python for the exporter at {} (run scripts/setup.sh or set {})", python.display(), crate::env::PYTHON);
+        }
+        let cache_dir = crate::env::artifacts()?.unwrap_or_else(|| crate::repo_root().join("target/grpo-artifacts"));
+        Ok(Exporter { python, cache_dir, platform: platform.into(), done: Mutex::new(HashMap::new()) })
+    }
+
+    /// Exports what is not exported yet (one Python process for the batch).
+    pub fn ensure(&self, work: &[(&ImplConfig, &Case)]) -> Result<()> {
+        let todo: Vec<(&ImplConfig, &Case)> = {
+            let done = self.done.lock().unwrap();
+            let mut seen = std::collections::HashSet::new();
+            work.iter()
+                .filter(|(i, c)| !done.contains_key(&(i.display_name().to_string(), c.id.clone())))
+                .filter(|(i, c)| seen.insert((i.display_name().to_string(), c.id.clone())))
+                .copied()
+                .collect()
+        };
+        if todo.is_empty() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.cache_dir)
+            .with_context(|| format!("cannot create artifact cache {}", self.cache_dir.display()))?;
+        let requests: Vec<_> = todo.iter().map(|(o, c)| (o.id.as_str(), &o.options, *c)).collect();
+        let results = export_batch(&self.python, &self.cache_dir, &self.platform, &requests)?;
+        let mut done = self.done.lock().unwrap();
+        for ((i, c), r) in todo.iter().zip(results) {
+            done.insert((i.display_name().to_string(), c.id.clone()), r);
+        }
+        Ok(())
+    }
+
+    /// The exporter's answer for one (implementation, case), exporting it if needed.
+    pub fn get(&self, imp: &ImplConfig, case: &Case) -> Result<Exported> {
+        self.ensure(&[(imp, case)])?;
+        self.done
+            .lock()
+            .unwrap()
+            .get(&(imp.display_name().to_string(), case.id.clone()))
+            .cloned()
+            .ok_or_else(|| anyhow!("exporter gave no answer for {} on {}", imp.display_name(), case.id))
+    }
+
+    /// How many modules this exporter has answered for (what a filtered run exported).
+    pub fn count(&self) -> usize {
+        self.done.lock().unwrap().len()
+    }
 }

@@ -2,7 +2,7 @@
 //! trials send it jobs over a channel. One worker also keeps timed runs from overlapping.
 
 use super::export::Manifest;
-use crate::backend::{Memory, Timing};
+use crate::backends::{Memory, Timing};
 use anyhow::{anyhow, bail, Context, Result};
 use grpo_pjrt::{Client, ClientOptions, CompileOptions, ElementType, LoadedExecutable, Plugin, Program};
 use std::collections::HashMap;
@@ -72,6 +72,13 @@ impl Worker {
     /// Starts the worker: loads the plugin and creates the client on its own thread.
     /// Fails (with the plugin's message) if either does.
     pub fn start(plugin: PathBuf, cpu_device_count: Option<i64>) -> Result<Worker> {
+        Worker::start_labelled(plugin, cpu_device_count, "XLA:CPU (host memory: peak = arguments + outputs)", None)
+    }
+
+    /// Starts a worker whose memory figures carry `label`; `timeout` bounds client
+    /// creation (libtpu without chips must fail fast, not hang).
+    pub fn start_labelled(plugin: PathBuf, cpu_device_count: Option<i64>, label: &str, timeout: Option<std::time::Duration>) -> Result<Worker> {
+        let label = label.to_string();
         let (tx, rx) = channel::<Job>();
         let (ready_tx, ready_rx) = channel::<Result<()>>();
         std::thread::Builder::new()
@@ -92,12 +99,17 @@ impl Worker {
                 };
                 let mut cache: HashMap<String, LoadedExecutable> = HashMap::new();
                 for job in rx {
-                    let r = run_job(&client, &mut cache, &job);
+                    let r = run_job(&client, &mut cache, &job, &label);
                     job.reply.send(r).ok();
                 }
             })
             .context("cannot start the PJRT worker thread")?;
-        ready_rx.recv().context("PJRT worker died during start-up")??;
+        match timeout {
+            None => ready_rx.recv().context("PJRT worker died during start-up")??,
+            Some(t) => ready_rx
+                .recv_timeout(t)
+                .map_err(|_| anyhow!("PJRT client creation did not finish within {} s", t.as_secs()))??,
+        }
         Ok(Worker { tx })
     }
 
@@ -111,7 +123,7 @@ impl Worker {
     }
 }
 
-fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: &Job) -> Result<JobResult> {
+fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: &Job, platform_label: &str) -> Result<JobResult> {
     let m = &job.manifest;
     let mut timing = Timing::default();
     if !cache.contains_key(&m.key) {
@@ -155,17 +167,34 @@ fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: 
         .zip(&m.outputs)
         .map(|(b, spec)| widen(&spec.dtype, &b.to_host_bytes()?))
         .collect::<Result<Vec<_>>>()?;
-    let memory = exe.executable().compiled_memory_stats().ok().flatten().map(|s| Memory {
-        peak_bytes: s.peak_memory_in_bytes.map(|x| x as u64),
-        temp_bytes: Some(s.temp_size_in_bytes as u64),
-        argument_bytes: Some(s.argument_size_in_bytes as u64),
-        output_bytes: Some(s.output_size_in_bytes as u64),
-    });
-    let cost = exe.executable().cost_analysis().ok().flatten().map(|c| {
-        ["flops", "transcendentals", "bytes accessed"]
+    let memory = memory_of(exe.executable(), platform_label);
+    let cost = cost_of(exe.executable());
+    Ok(JobResult { outputs, timing, memory, cost })
+}
+
+/// Compiled memory statistics as [`Memory`] (floor filled in), labelled with `source`.
+pub fn memory_of(exe: &grpo_pjrt::Executable, source: &str) -> Option<Memory> {
+    exe.compiled_memory_stats().ok().flatten().map(|s| {
+        Memory {
+            peak_bytes: s.peak_memory_in_bytes.map(|x| x as u64),
+            temp_bytes: Some(s.temp_size_in_bytes as u64),
+            argument_bytes: Some(s.argument_size_in_bytes as u64),
+            output_bytes: Some(s.output_size_in_bytes as u64),
+            alias_bytes: Some(s.alias_size_in_bytes as u64),
+            generated_code_bytes: Some(s.generated_code_size_in_bytes as u64),
+            floor_bytes: None,
+            source: Some(source.to_string()),
+        }
+        .with_floor()
+    })
+}
+
+/// The cost analysis properties the records keep.
+pub fn cost_of(exe: &grpo_pjrt::Executable) -> Option<std::collections::BTreeMap<String, f64>> {
+    exe.cost_analysis().ok().flatten().map(|c| {
+        ["flops", "transcendentals", "bytes accessed", "optimal_seconds", "utilization"]
             .iter()
             .filter_map(|k| c.get_f64(k).map(|v| (k.to_string(), v)))
             .collect()
-    });
-    Ok(JobResult { outputs, timing, memory, cost })
+    })
 }

@@ -36,6 +36,16 @@ impl Mutation {
         Mutation::IgnoreMask,
         Mutation::NoEmptyRowGuard,
     ];
+
+    /// The variant's name (as in `naive_f32+<name>`).
+    pub fn name(self) -> String {
+        format!("{self:?}")
+    }
+
+    /// The variant called `name`.
+    pub fn parse(name: &str) -> Option<Mutation> {
+        Mutation::ALL.into_iter().find(|m| m.name() == name)
+    }
 }
 
 /// The naive f32 implementation, optionally with a bug.

@@ -1,0 +1,227 @@
+//! Backends: *where* an implementation runs. An implementation (what runs) is an id
+//! from the configuration: a `grpo_jax` implementation exported to StableHLO, or one of
+//! the in-process references. The PJRT binding (`backends/pjrt`, crate `grpo-pjrt`) is
+//! what the PJRT backends are built on; it is not a backend itself.
+//!
+//! | backend | module | what it does |
+//! | --- | --- | --- |
+//! | `reference` | [`reference`] | the oracle and `naive_f32`, in process |
+//! | `pjrt-cpu` | `pjrt::cpu` | exports through `grpo_jax`, runs on the XLA CPU plugin |
+//! | `tpu-aot-<topology>` | `pjrt::tpu_aot` | compiles the TPU export with libtpu, no chips: peak HBM, cost, budgets |
+//! | `pjrt-tpu` | `pjrt::tpu` | runs on TPU chips through libtpu (`--features tpu`) |
+//!
+//! Trials are backend × implementation × case; a backend declares, as a predicate on the
+//! case, what it cannot run (an ignored trial with that reason, never a pass).
+
+pub mod pjrt;
+pub mod reference;
+
+pub use reference::{Mutation, NaiveF32, ReferenceBackend, ReferenceConfig};
+
+use crate::cases::Case;
+use crate::inputs::Inputs;
+use crate::outputs::Outputs;
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Timing of one implementation on one case, in seconds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Timing {
+    /// Compilation (or export + compile), apart from execution.
+    pub compile_s: Option<f64>,
+    /// Each timed execution (after warm-up), stopped on output readiness.
+    pub runs_s: Vec<f64>,
+}
+
+impl Timing {
+    /// Median of the timed runs.
+    pub fn median_s(&self) -> Option<f64> {
+        let mut v = self.runs_s.clone();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        Some(if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) })
+    }
+}
+
+/// Memory figures a backend can report, in bytes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Memory {
+    /// Compiler's peak device memory of the executable.
+    pub peak_bytes: Option<u64>,
+    /// Temporaries.
+    pub temp_bytes: Option<u64>,
+    /// Arguments.
+    pub argument_bytes: Option<u64>,
+    /// Outputs.
+    pub output_bytes: Option<u64>,
+    /// Outputs aliased with arguments.
+    pub alias_bytes: Option<u64>,
+    /// Generated code.
+    pub generated_code_bytes: Option<u64>,
+    /// The floor: arguments + outputs − aliased (what any implementation must hold).
+    pub floor_bytes: Option<u64>,
+    /// Whose compiler produced these figures (`XLA:CPU`: peak = floor always, says
+    /// nothing about device memory; `libtpu <version> <topology>`: HBM).
+    pub source: Option<String>,
+}
+
+impl Memory {
+    /// Fills `floor_bytes` from arguments, outputs and aliases.
+    pub fn with_floor(mut self) -> Memory {
+        if let (Some(a), Some(o)) = (self.argument_bytes, self.output_bytes) {
+            self.floor_bytes = Some((a + o).saturating_sub(self.alias_bytes.unwrap_or(0)));
+        }
+        self
+    }
+
+    /// Peak / floor, when both are known.
+    pub fn peak_over_floor(&self) -> Option<f64> {
+        match (self.peak_bytes, self.floor_bytes) {
+            (Some(p), Some(f)) if f > 0 => Some(p as f64 / f as f64),
+            _ => None,
+        }
+    }
+}
+
+/// Everything one run returns.
+#[derive(Debug, Clone, Default)]
+pub struct RunResult {
+    /// The SPEC outputs (None for a compile-only backend).
+    pub outputs: Option<Outputs>,
+    /// Timing, when the backend measures it.
+    pub timing: Option<Timing>,
+    /// Memory, when the backend reports it.
+    pub memory: Option<Memory>,
+    /// Compiler cost analysis (flops, transcendentals, bytes accessed), when available.
+    pub cost: Option<BTreeMap<String, f64>>,
+}
+
+/// How a run is measured.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOptions {
+    /// Untimed executions before timing.
+    pub warmup: usize,
+    /// Timed executions.
+    pub repeats: usize,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { warmup: 1, repeats: 3 }
+    }
+}
+
+/// Where implementations run.
+pub trait Backend: Send + Sync {
+    /// Backend name, the first part of a trial name (`reference`, `pjrt-cpu`, ...).
+    fn name(&self) -> &str;
+
+    /// Implementation names this backend runs (from the config, in order).
+    fn implementations(&self) -> Vec<String>;
+
+    /// `Err(reason)` when `implementation` cannot run `case` here (the trial is ignored
+    /// with that reason). May need [`Backend::prepare`] first (the exporter's answer).
+    fn supports(&self, implementation: &str, case: &Case) -> Result<(), String>;
+
+    /// Optional batch preparation of exactly the work that will run (e.g. export
+    /// everything with one Python process).
+    fn prepare(&self, _work: &[(&str, &Case)]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Runs one implementation on one case.
+    fn run(&self, implementation: &str, case: &Case, inputs: &Inputs, opts: &RunOptions) -> Result<RunResult>;
+
+    /// False for compile-only backends: no outputs, so no inputs or oracle are prepared
+    /// and no output gates are judged (memory budgets are).
+    fn executes(&self) -> bool {
+        true
+    }
+
+    /// The configured `max_peak_over_floor` of an implementation, if any.
+    fn budget(&self, _implementation: &str) -> Option<f64> {
+        None
+    }
+}
+
+/// Each backend's own settings, by name (a backend not named is not used).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendsConfig {
+    /// `reference`.
+    #[serde(default)]
+    pub reference: Option<ReferenceConfig>,
+    /// `pjrt-cpu`.
+    #[serde(default, rename = "pjrt-cpu")]
+    pub pjrt_cpu: Option<pjrt::PjrtCpuConfig>,
+    /// `tpu-aot`: one backend per topology.
+    #[serde(default, rename = "tpu-aot")]
+    pub tpu_aot: Option<pjrt::TpuAotConfig>,
+    /// `pjrt-tpu` (execution on TPU chips; needs `--features tpu`).
+    #[serde(default, rename = "pjrt-tpu")]
+    pub pjrt_tpu: Option<pjrt::PjrtTpuConfig>,
+}
+
+impl BackendsConfig {
+    /// Checks every backend's settings.
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        if let Some(r) = &self.reference {
+            r.validate(origin)?;
+        }
+        if let Some(c) = &self.pjrt_cpu {
+            c.validate(origin)?;
+        }
+        if let Some(c) = &self.tpu_aot {
+            c.validate(origin)?;
+        }
+        if let Some(c) = &self.pjrt_tpu {
+            c.validate(origin)?;
+        }
+        Ok(())
+    }
+
+    /// Names of the backends this config selects (one `tpu-aot-<topology>` per topology).
+    pub fn names(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.reference.is_some() {
+            v.push("reference".to_string());
+        }
+        if self.pjrt_cpu.is_some() {
+            v.push("pjrt-cpu".to_string());
+        }
+        if let Some(t) = &self.tpu_aot {
+            v.extend(t.topologies.iter().map(|x| pjrt::tpu_aot_name(x)));
+        }
+        if self.pjrt_tpu.is_some() {
+            v.push("pjrt-tpu".to_string());
+        }
+        v
+    }
+}
+
+/// A backend that could not be set up: its name and why (one line with the fix).
+#[derive(Debug, Clone)]
+pub struct Unavailable {
+    /// Backend name.
+    pub name: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// The backends a configuration names that are available on this machine, and the
+/// reason for each one that is not.
+pub fn available(config: &crate::config::Config) -> (Vec<Arc<dyn Backend>>, Vec<Unavailable>) {
+    let mut ok: Vec<Arc<dyn Backend>> = Vec::new();
+    let mut missing = Vec::new();
+    let b = &config.backends;
+    if let Some(r) = &b.reference {
+        ok.push(Arc::new(ReferenceBackend::new(r)));
+    }
+    pjrt::available(b, &mut ok, &mut missing);
+    (ok, missing)
+}

@@ -1,0 +1,104 @@
+//! Settings of the PJRT backends (parsed and checked in every build, also without the
+//! `pjrt` feature).
+
+use crate::config::{check_implementations, ImplEntry};
+use anyhow::{bail, Result};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// `pjrt-cpu` settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PjrtCpuConfig {
+    /// PJRT plugin path (default: the venv's `xla_cpu_pjrt`; `GRPO_PJRT_PLUGIN` overrides).
+    #[serde(default)]
+    pub plugin: Option<PathBuf>,
+    /// Number of CPU devices of the client (≥ 1).
+    #[serde(default)]
+    pub cpu_device_count: Option<i64>,
+    /// Implementations to run, in order.
+    pub implementations: Vec<ImplEntry>,
+}
+
+/// `tpu-aot` settings: deviceless TPU compilation with libtpu, one backend per topology.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TpuAotConfig {
+    /// libtpu path (default: the venv's `libtpu/libtpu.so`; `GRPO_LIBTPU` overrides).
+    #[serde(default)]
+    pub plugin: Option<PathBuf>,
+    /// Topologies to compile for, e.g. `v6e:2x2`, `v5e:2x2`, `v6e:2x4`.
+    pub topologies: Vec<String>,
+    /// Implementations to compile, with their `max_peak_over_floor` budgets.
+    pub implementations: Vec<ImplEntry>,
+}
+
+/// `pjrt-tpu` settings: execution on TPU chips (a TPU VM) through a libtpu client.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PjrtTpuConfig {
+    /// libtpu path (default: the venv's `libtpu/libtpu.so`; `GRPO_LIBTPU` overrides).
+    #[serde(default)]
+    pub plugin: Option<PathBuf>,
+    /// Implementations to run, with their `max_peak_over_floor` budgets.
+    pub implementations: Vec<ImplEntry>,
+}
+
+impl PjrtCpuConfig {
+    /// Checks the settings.
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        check_implementations(origin, "pjrt-cpu", &self.implementations)?;
+        if let Some(n) = self.cpu_device_count {
+            if n < 1 {
+                bail!("{origin}: backend `pjrt-cpu`: cpu_device_count must be ≥ 1 (got {n})");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `v6e:2x2`, `v5e:2x2`, `v5p:2x2x1`: generation, colon, dimensions.
+fn topology_ok(t: &str) -> bool {
+    let Some((gen, dims)) = t.split_once(':') else { return false };
+    let gen_ok = gen.len() >= 2 && gen.starts_with('v') && gen[1..].chars().all(|c| c.is_ascii_alphanumeric());
+    let dims_ok = !dims.is_empty() && dims.split('x').all(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()));
+    gen_ok && dims_ok
+}
+
+impl TpuAotConfig {
+    /// Checks the settings.
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        check_implementations(origin, "tpu-aot", &self.implementations)?;
+        if self.topologies.is_empty() {
+            bail!("{origin}: backend `tpu-aot` needs at least one topology (e.g. `topologies: [v6e:2x2]`)");
+        }
+        for t in &self.topologies {
+            if !topology_ok(t) {
+                bail!("{origin}: backend `tpu-aot`: topology `{t}` is not of the form `v6e:2x2` (generation:dimensions)");
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PjrtTpuConfig {
+    /// Checks the settings.
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        check_implementations(origin, "pjrt-tpu", &self.implementations)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topologies() {
+        for t in ["v6e:2x2", "v5e:2x2", "v6e:2x4", "v5p:2x2x1", "v4:2x2x1"] {
+            assert!(topology_ok(t), "{t}");
+        }
+        for t in ["v6e", "v6e:", "6e:2x2", "v6e:2xx2", "v6e:2x2 ", ":2x2"] {
+            assert!(!topology_ok(t), "{t}");
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! The PJRT backends, built on our binding (`backends/pjrt`, crate `grpo-pjrt`) and on
+//! the `grpo_jax` exporter:
+//!
+//! | backend | plugin | what differs |
+//! | --- | --- | --- |
+//! | `pjrt-cpu` ([`cpu`]) | XLA CPU (`xla_cpu_pjrt`) | executes, interpret-mode Pallas; its memory figures are host memory |
+//! | `tpu-aot-<topology>` ([`tpu_aot`]) | libtpu, no client | compiles the TPU export deviceless: peak HBM, cost analysis, budgets; no outputs |
+//! | `pjrt-tpu` ([`tpu`], `--features tpu`) | libtpu client | executes on TPU chips, Mosaic kernels |
+//!
+//! Shared: the exporter ([`export`]), the worker thread that owns a client ([`worker`]),
+//! plugin discovery. The settings structs live here so a configuration parses (and is
+//! checked) even in a build without the `pjrt` feature.
+
+mod config;
+
+pub use config::{PjrtCpuConfig, PjrtTpuConfig, TpuAotConfig};
+
+#[cfg(feature = "pjrt")]
+pub mod cpu;
+#[cfg(feature = "pjrt")]
+pub mod export;
+#[cfg(feature = "pjrt")]
+pub mod tpu;
+#[cfg(feature = "pjrt")]
+pub mod tpu_aot;
+#[cfg(feature = "pjrt")]
+mod worker;
+
+use super::{Backend, BackendsConfig, Unavailable};
+use std::sync::Arc;
+
+/// The backend name of a `tpu-aot` topology: `v6e:2x2` → `tpu-aot-v6e-2x2`.
+pub fn tpu_aot_name(topology: &str) -> String {
+    format!("tpu-aot-{}", topology.replace(':', "-"))
+}
+
+/// Adds the configured PJRT backends to `ok`, or says in `missing` why each is not there.
+#[cfg(feature = "pjrt")]
+pub(crate) fn available(b: &BackendsConfig, ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+    let mut push = |name: String, r: anyhow::Result<Arc<dyn Backend>>| match r {
+        Ok(x) => ok.push(x),
+        Err(e) => missing.push(Unavailable { name, reason: format!("{e:#}") }),
+    };
+    if let Some(c) = &b.pjrt_cpu {
+        push("pjrt-cpu".into(), cpu::PjrtCpu::new(c).map(|x| Arc::new(x) as Arc<dyn Backend>));
+    }
+    if let Some(c) = &b.tpu_aot {
+        for t in &c.topologies {
+            push(tpu_aot_name(t), tpu_aot::TpuAot::new(c, t).map(|x| Arc::new(x) as Arc<dyn Backend>));
+        }
+    }
+    if let Some(c) = &b.pjrt_tpu {
+        push("pjrt-tpu".into(), tpu::PjrtTpu::open(c));
+    }
+}
+
+/// Without the `pjrt` feature every PJRT backend is unavailable, with that reason.
+#[cfg(not(feature = "pjrt"))]
+pub(crate) fn available(b: &BackendsConfig, _ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+    for name in b.names().into_iter().filter(|n| n != "reference") {
+        missing.push(Unavailable {
+            name,
+            reason: "built without `pjrt` (the default feature; build with `--features pjrt`)".into(),
+        });
+    }
+}
+
+/// Rough peak host memory of one trial on the CPU plugin: the suite's inputs (f32), the
+/// upload copy, device arguments, XLA temporaries (softmax, f32 upcast) and dlogits, all
+/// O(B·T·V): 7 f32 copies.
+pub fn cpu_working_set_bytes(case: &crate::cases::Case) -> u64 {
+    let per_token = match case.level {
+        crate::spec::Level::Logits => case.shape.v,
+        crate::spec::Level::Fused => case.shape.v + 2 * case.shape.h.unwrap_or(0),
+    };
+    7 * 4 * (case.shape.rows() * per_token) as u64
+}

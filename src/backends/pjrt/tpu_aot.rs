@@ -1,0 +1,206 @@
+//! The `tpu-aot-<topology>` backends: the TPU export of an implementation compiled by
+//! libtpu for a TPU topology on this machine, without chips (`PJRT_TopologyDescription_Create`,
+//! then `PJRT_Compile` with no client). No outputs: each trial is judged on whether the
+//! TPU compiler accepts the module (a Mosaic lowering error, a compile error or a VMEM
+//! overflow fails it with the compiler's message) and on its memory budget: compiled
+//! peak HBM over the floor (arguments + outputs − aliased). The peak is deterministic
+//! for a pinned libtpu, so budgets are conformance, not timing.
+
+use super::export::{Exported, Exporter};
+use super::worker::{cost_of, memory_of};
+use super::TpuAotConfig;
+use crate::backends::{Backend, RunOptions, RunResult, Timing};
+use crate::cases::Case;
+use crate::config::ImplConfig;
+use crate::inputs::Inputs;
+use anyhow::{anyhow, bail, Context, Result};
+use grpo_pjrt::{CompileOptions, Plugin, Program, Topology};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+/// Environment libtpu needs on a machine that is not a Cloud TPU VM: without it, libtpu
+/// retries the cloud metadata server for minutes before giving up.
+pub const SKIP_METADATA: (&str, &str) = ("TPU_SKIP_MDS_QUERY", "1");
+
+/// libtpu lets one process at a time load it (a lockfile in /tmp), which is right for
+/// chips but wrong for deviceless compiles: tests and runs in parallel processes would
+/// fail with "Internal error when accessing libtpu multi-process lockfile". Allowed only
+/// on machines without TPU chips.
+pub const ALLOW_MULTIPLE_LOADS: (&str, &str) = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1");
+
+/// Sets [`SKIP_METADATA`] (and, without chips, [`ALLOW_MULTIPLE_LOADS`]) unless the user
+/// set them. Front ends call this at start-up, before any thread exists; [`load_libtpu`]
+/// calls it again as a fallback.
+pub fn prepare_environment() {
+    if std::env::var_os(SKIP_METADATA.0).is_none() {
+        std::env::set_var(SKIP_METADATA.0, SKIP_METADATA.1);
+    }
+    if std::env::var_os(ALLOW_MULTIPLE_LOADS.0).is_none() && super::tpu::no_chips_reason().is_some() {
+        std::env::set_var(ALLOW_MULTIPLE_LOADS.0, ALLOW_MULTIPLE_LOADS.1);
+    }
+}
+
+/// libtpu to load: `GRPO_LIBTPU`, else `configured`, else the venv's `libtpu/libtpu.so`.
+pub fn libtpu_path(configured: Option<&PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = crate::env::libtpu()? {
+        return Ok(p);
+    }
+    if let Some(p) = configured {
+        if !p.is_file() {
+            bail!("libtpu {} (the config's `plugin`) does not exist", p.display());
+        }
+        return Ok(p.clone());
+    }
+    let lib = crate::repo_root().join(".venv/lib");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&lib)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path().join("site-packages/libtpu/libtpu.so"))
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.pop().ok_or_else(|| {
+        anyhow!(
+            "no libtpu at {}/python3*/site-packages/libtpu/libtpu.so (run scripts/setup.sh, which installs the pinned libtpu wheel, or set {})",
+            lib.display(),
+            crate::env::LIBTPU
+        )
+    })
+}
+
+/// The libtpu wheel version next to `libtpu.so` (from its `.dist-info`), or `unknown`.
+pub fn libtpu_version(so: &Path) -> String {
+    let site = so.parent().and_then(|p| p.parent());
+    site.and_then(|s| std::fs::read_dir(s).ok())
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("libtpu-")).and_then(|n| n.strip_suffix(".dist-info")).map(String::from))
+        .next()
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Loads libtpu (once per process; the binding caches plugins by path).
+pub fn load_libtpu(path: &Path) -> Result<Plugin> {
+    prepare_environment();
+    Plugin::load(path).map_err(|e| anyhow!("libtpu {}: {e}", path.display()))
+}
+
+/// One TPU export per (implementation, case), shared by every topology.
+fn shared_exporter() -> Result<Arc<Exporter>> {
+    static EXPORTER: OnceLock<Arc<Exporter>> = OnceLock::new();
+    if let Some(e) = EXPORTER.get() {
+        return Ok(e.clone());
+    }
+    let e = Arc::new(Exporter::new("tpu")?);
+    Ok(EXPORTER.get_or_init(|| e).clone())
+}
+
+/// Compiles run one at a time (libtpu's compiler is the heavy part; two at once only
+/// doubles the memory on a 2-core machine).
+fn compile_lock() -> &'static Mutex<()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    &LOCK
+}
+
+/// Deviceless TPU compilation for one topology.
+pub struct TpuAot {
+    name: String,
+    topology: String,
+    plugin: PathBuf,
+    version: String,
+    impls: Vec<ImplConfig>,
+    exporter: Arc<Exporter>,
+}
+
+impl TpuAot {
+    /// The backend for `topology`. Unavailable (with the fix) when libtpu or the
+    /// exporter's Python is missing. libtpu is loaded at the first compile, not here, so
+    /// listing trials stays quick and quiet; a libtpu that fails to load or does not know
+    /// the topology makes every trial an error with its message.
+    pub fn new(cfg: &TpuAotConfig, topology: &str) -> Result<TpuAot> {
+        let plugin = libtpu_path(cfg.plugin.as_ref())?;
+        let version = libtpu_version(&plugin);
+        Ok(TpuAot {
+            name: super::tpu_aot_name(topology),
+            topology: topology.to_string(),
+            plugin,
+            version,
+            impls: crate::config::enabled(&cfg.implementations),
+            exporter: shared_exporter()?,
+        })
+    }
+
+    fn options(&self, implementation: &str) -> Option<&ImplConfig> {
+        self.impls.iter().find(|c| c.display_name() == implementation)
+    }
+
+    /// Compiles a StableHLO module for this topology: memory, cost and compile time.
+    pub fn compile_module(&self, module: &Path) -> Result<RunResult> {
+        let code = std::fs::read(module).with_context(|| format!("cannot read {}", module.display()))?;
+        let _guard = compile_lock().lock().unwrap_or_else(|p| p.into_inner());
+        let plugin = load_libtpu(&self.plugin)?;
+        let topo = Topology::create(&plugin, &self.topology, &[])
+            .map_err(|e| anyhow!("libtpu {} cannot describe topology `{}`: {e}", self.version, self.topology))?;
+        let t0 = Instant::now();
+        let exe = topo
+            .compile(&Program::mlir_bytecode(code), &CompileOptions::default())
+            .map_err(|e| anyhow!("TPU compile for {} failed: {e}", self.topology))?;
+        let compile_s = t0.elapsed().as_secs_f64();
+        let memory = memory_of(&exe, &format!("libtpu {} {} (deviceless, per chip)", self.version, self.topology));
+        if memory.as_ref().and_then(|m| m.peak_bytes).is_none() {
+            bail!("libtpu {} reported no peak memory for the executable", self.version);
+        }
+        Ok(RunResult {
+            outputs: None,
+            timing: Some(Timing { compile_s: Some(compile_s), runs_s: Vec::new() }),
+            memory,
+            cost: cost_of(&exe),
+        })
+    }
+}
+
+impl Backend for TpuAot {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn implementations(&self) -> Vec<String> {
+        self.impls.iter().map(|c| c.display_name().to_string()).collect()
+    }
+
+    fn supports(&self, implementation: &str, case: &Case) -> Result<(), String> {
+        let Some(imp) = self.options(implementation) else {
+            return Err(format!("{} has no implementation `{implementation}` configured", self.name));
+        };
+        match self.exporter.get(imp, case) {
+            Ok(Exported::Unsupported(reason)) => Err(reason),
+            _ => Ok(()),
+        }
+    }
+
+    fn prepare(&self, work: &[(&str, &Case)]) -> Result<()> {
+        let w: Vec<(&ImplConfig, &Case)> = work.iter().filter_map(|(n, c)| self.options(n).map(|o| (o, *c))).collect();
+        self.exporter.ensure(&w)
+    }
+
+    fn run(&self, implementation: &str, case: &Case, _inputs: &Inputs, _opts: &RunOptions) -> Result<RunResult> {
+        let imp = self.options(implementation).with_context(|| format!("{} has no implementation `{implementation}`", self.name))?;
+        match self.exporter.get(imp, case)? {
+            Exported::Ready { module, .. } => self.compile_module(&module),
+            Exported::Unsupported(r) => bail!("unsupported: {r}"),
+            Exported::Failed(e) => bail!("{e}"),
+        }
+    }
+
+    fn executes(&self) -> bool {
+        false
+    }
+
+    fn budget(&self, implementation: &str) -> Option<f64> {
+        self.options(implementation).and_then(|c| c.max_peak_over_floor)
+    }
+}

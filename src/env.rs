@@ -1,0 +1,202 @@
+//! Every `GRPO_*` environment variable the suite reads, in one table, with one parser
+//! each. Front ends call [`check_all`] at start-up so an invalid value is one clear line
+//! before any work, never a silent default. docs/environment.md mirrors [`VARS`] (a test
+//! keeps them in step).
+
+use anyhow::{bail, Result};
+use std::path::PathBuf;
+
+/// One environment variable: name, meaning, default, who reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct Var {
+    /// Name.
+    pub name: &'static str,
+    /// What it means.
+    pub meaning: &'static str,
+    /// Value when unset.
+    pub default: &'static str,
+    /// Who reads it.
+    pub read_by: &'static str,
+}
+
+/// The repository root.
+pub const ROOT: &str = "GRPO_ROOT";
+/// Run configuration of the test harness.
+pub const CONFIG: &str = "GRPO_CONFIG";
+/// Suite of the test harness.
+pub const SUITE: &str = "GRPO_SUITE";
+/// Backends that must be available.
+pub const REQUIRE_BACKENDS: &str = "GRPO_REQUIRE_BACKENDS";
+/// Tolerance multiplier.
+pub const TOL_SCALE: &str = "GRPO_TOL_SCALE";
+/// Rewrite golden files instead of checking them.
+pub const BLESS: &str = "GRPO_BLESS";
+/// Python interpreter of the exporter.
+pub const PYTHON: &str = "GRPO_PYTHON";
+/// Artifact cache directory.
+pub const ARTIFACTS: &str = "GRPO_ARTIFACTS";
+/// CPU PJRT plugin.
+pub const PJRT_PLUGIN: &str = "GRPO_PJRT_PLUGIN";
+/// libtpu shared library.
+pub const LIBTPU: &str = "GRPO_LIBTPU";
+/// Record file of the test harness.
+pub const RECORDS: &str = "GRPO_RECORDS";
+
+/// The table (docs/environment.md is generated from the same rows and checked by a test).
+pub const VARS: &[Var] = &[
+    Var { name: ROOT, meaning: "repository root: where `cases/`, `configs/`, `golden/` are found", default: "the source directory the binary was built from", read_by: "everything" },
+    Var { name: CONFIG, meaning: "run configuration file", default: "`configs/nightly.yaml` for the nightly suite, else `configs/default.yaml`", read_by: "test harness, `grpo-suite run` (when `--config` is not given)" },
+    Var { name: SUITE, meaning: "suite of the test harness: smoke, ci, nightly or full", default: "`ci`", read_by: "test harness" },
+    Var { name: REQUIRE_BACKENDS, meaning: "comma-separated backends that must be available: an unavailable one is a failing trial instead of an ignored one", default: "none (`scripts/test.sh` sets `reference,pjrt-cpu,tpu-aot`)", read_by: "test harness, `grpo-suite run`" },
+    Var { name: TOL_SCALE, meaning: "multiplies every tolerance (a finite number > 0; 0.1 is a stricter run); shown in the summary and in every record when ≠ 1", default: "1", read_by: "gates" },
+    Var { name: BLESS, meaning: "`1`: the harness rewrites golden files instead of checking them", default: "unset (check)", read_by: "test harness" },
+    Var { name: PYTHON, meaning: "Python interpreter that runs the exporter (`grpo_jax`)", default: "`.venv/bin/python`", read_by: "PJRT backends, `scripts/setup.sh`" },
+    Var { name: ARTIFACTS, meaning: "cache directory of exported modules", default: "`target/grpo-artifacts`", read_by: "PJRT backends" },
+    Var { name: PJRT_PLUGIN, meaning: "CPU PJRT plugin (.so); overrides the config's `plugin`", default: "the venv's `xla_cpu_pjrt`", read_by: "`pjrt-cpu`, grpo-pjrt tests" },
+    Var { name: LIBTPU, meaning: "libtpu shared library; overrides the config's `plugin`", default: "the venv's `libtpu/libtpu.so`", read_by: "`tpu-aot`, `pjrt-tpu`" },
+    Var { name: RECORDS, meaning: "JSONL record file of the test harness", default: "`target/grpo-records/cargo-test-<suite>-<unix time>.jsonl`", read_by: "test harness" },
+    Var { name: "GRPO_PJRT_HEADER_PATH", meaning: "`pjrt_c_api.h` to generate the binding from (build time)", default: "the venv's `xla_cpu_pjrt` wheel", read_by: "grpo-pjrt build script" },
+    Var { name: "GRPO_BENCH_SHAPE", meaning: "oracle benchmark shape `BxTxV`", default: "`1x8192x151936`", read_by: "`cargo bench --bench oracle`" },
+    Var { name: "GRPO_BENCH_RUNS", meaning: "oracle benchmark runs (median reported)", default: "3", read_by: "`cargo bench --bench oracle`" },
+    Var { name: "GRPO_BENCH_COPIES", meaning: "oracle benchmark memory copies per mode (median reported)", default: "5", read_by: "`cargo bench --bench oracle`" },
+];
+
+fn raw(name: &str) -> Option<String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+/// A path variable: unset → None; set but empty → error.
+fn path(name: &str) -> Result<Option<PathBuf>> {
+    match raw(name) {
+        None => Ok(None),
+        Some(s) if s.trim().is_empty() => bail!("{name} is set but empty; unset it or give a path"),
+        Some(s) => Ok(Some(PathBuf::from(s))),
+    }
+}
+
+/// `GRPO_CONFIG`.
+pub fn config() -> Result<Option<PathBuf>> {
+    path(CONFIG)
+}
+
+/// `GRPO_PYTHON`.
+pub fn python() -> Result<Option<PathBuf>> {
+    path(PYTHON)
+}
+
+/// `GRPO_ARTIFACTS`.
+pub fn artifacts() -> Result<Option<PathBuf>> {
+    path(ARTIFACTS)
+}
+
+/// `GRPO_PJRT_PLUGIN` (must name a file when set).
+pub fn pjrt_plugin() -> Result<Option<PathBuf>> {
+    file(PJRT_PLUGIN)
+}
+
+/// `GRPO_LIBTPU` (must name a file when set).
+pub fn libtpu() -> Result<Option<PathBuf>> {
+    file(LIBTPU)
+}
+
+fn file(name: &str) -> Result<Option<PathBuf>> {
+    match path(name)? {
+        Some(p) if !p.is_file() => bail!("{name}={} is not a file; fix or unset it", p.display()),
+        other => Ok(other),
+    }
+}
+
+/// `GRPO_RECORDS`.
+pub fn records() -> Result<Option<PathBuf>> {
+    path(RECORDS)
+}
+
+/// `GRPO_SUITE` (default `ci`).
+pub fn suite() -> Result<crate::cases::Suite> {
+    match raw(SUITE) {
+        None => Ok(crate::cases::Suite::Ci),
+        Some(s) => s.parse().map_err(|e| anyhow::anyhow!("{SUITE}={s}: {e}")),
+    }
+}
+
+/// `GRPO_REQUIRE_BACKENDS`, split on commas.
+pub fn require_backends() -> Vec<String> {
+    raw(REQUIRE_BACKENDS)
+        .map(|s| s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect())
+        .unwrap_or_default()
+}
+
+/// `GRPO_TOL_SCALE`: a finite number > 0 (default 1).
+pub fn tol_scale() -> Result<f64> {
+    match raw(TOL_SCALE) {
+        None => Ok(1.0),
+        Some(s) => match s.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+            _ => bail!("{TOL_SCALE}={s:?} is not a finite number > 0 (e.g. 0.1 for stricter gates); unset it for 1"),
+        },
+    }
+}
+
+/// `GRPO_BLESS`: `1` or unset (`0` also means no).
+pub fn bless() -> Result<bool> {
+    match raw(BLESS).as_deref() {
+        None | Some("0") | Some("") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => bail!("{BLESS}={other:?}: use 1 to re-bless golden files, or unset it"),
+    }
+}
+
+/// Validates every variable the suite reads; the first invalid one is the error.
+pub fn check_all() -> Result<()> {
+    for (name, r) in [
+        (CONFIG, config().map(|_| ())),
+        (PYTHON, python().map(|_| ())),
+        (ARTIFACTS, artifacts().map(|_| ())),
+        (PJRT_PLUGIN, pjrt_plugin().map(|_| ())),
+        (LIBTPU, libtpu().map(|_| ())),
+        (RECORDS, records().map(|_| ())),
+        (SUITE, suite().map(|_| ())),
+        (TOL_SCALE, tol_scale().map(|_| ())),
+        (BLESS, bless().map(|_| ())),
+    ] {
+        r.map_err(|e| anyhow::anyhow!("{e:#}").context(format!("environment variable {name}")))?;
+    }
+    if let Some(p) = path(ROOT)? {
+        if !p.join("cases").is_dir() {
+            bail!("{ROOT}={} has no cases/ directory; point it at the repository root", p.display());
+        }
+    }
+    Ok(())
+}
+
+/// The table as Markdown rows (docs/environment.md holds the same rows).
+pub fn markdown_table() -> String {
+    let mut s = String::from("| variable | meaning | default | read by |\n| --- | --- | --- | --- |\n");
+    for v in VARS {
+        s.push_str(&format!("| `{}` | {} | {} | {} |\n", v.name, v.meaning, v.default, v.read_by));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_in_the_table_once() {
+        let mut names: Vec<&str> = VARS.iter().map(|v| v.name).collect();
+        names.sort();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(n, names.len());
+        for k in [ROOT, CONFIG, SUITE, REQUIRE_BACKENDS, TOL_SCALE, BLESS, PYTHON, ARTIFACTS, PJRT_PLUGIN, LIBTPU, RECORDS] {
+            assert!(names.contains(&k), "{k}");
+        }
+    }
+
+    #[test]
+    fn docs_table_matches() {
+        let doc = std::fs::read_to_string(crate::repo_root().join("docs/environment.md")).unwrap();
+        assert!(doc.contains(&markdown_table()), "docs/environment.md is out of date; its table must be:\n{}", markdown_table());
+    }
+}

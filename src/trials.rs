@@ -1,0 +1,428 @@
+//! The trial list: built once from the suite, the configuration and the available
+//! backends, and consumed by both front ends (`grpo-suite run` and the `cargo test`
+//! harness), so they check the same things and write the same records.
+//!
+//! Trials, in order:
+//! - `backend/implementation/case`: every configured implementation of every configured
+//!   backend on every case of the suite. A backend that is unavailable here still lists
+//!   its trials: ignored with the reason, or failing when it is required
+//!   (`GRPO_REQUIRE_BACKENDS`).
+//! - `golden/case`: the oracle re-derived now against the stored golden file.
+//! - `should-fail/naive_f32+<Mutation>`: each deliberately wrong variant must fail some
+//!   case of the suite (ci and full suites: the smoke and nightly cases lack the variety).
+//!
+//! Building the list is cheap (no export, no inputs): filters ([`Selection`]) apply
+//! before anything is prepared, so a filtered run exports only what it runs.
+
+use crate::backends::{self, Backend, Mutation, RunOptions};
+use crate::cases::{Case, Matrix, Suite};
+use crate::config::{Config, ExpectedFailure};
+use crate::golden::{self, Check};
+use crate::runner::{run_trial, CaseCache, Prepared, TrialKind, TrialOutcome, Verdict};
+use anyhow::{bail, Result};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Where a run trial's backend stands.
+#[derive(Clone)]
+pub enum Target {
+    /// Available.
+    Ready(Arc<dyn Backend>),
+    /// Not available here (why), and whether it is required.
+    Unavailable {
+        /// Why.
+        reason: String,
+        /// Required backends turn "unavailable" into a failing trial.
+        required: bool,
+    },
+}
+
+/// What one trial does.
+#[derive(Clone)]
+pub enum Work {
+    /// An implementation on a case through a backend.
+    Run {
+        /// The backend (or why not).
+        target: Target,
+        /// Implementation name.
+        implementation: String,
+        /// The case.
+        case: Arc<Case>,
+        /// The expected-failure entry that covers it.
+        expected: Option<ExpectedFailure>,
+    },
+    /// Golden-file check (or bless) of a case.
+    Golden(Arc<Case>),
+    /// A deliberately wrong reference variant that must fail some case.
+    ShouldFail(Mutation),
+}
+
+/// One trial: its name and what it does.
+#[derive(Clone)]
+pub struct Trial {
+    /// Unique name (what libtest filters on).
+    pub name: String,
+    /// Backend name, implementation, case id: what records are keyed by.
+    pub key: (String, String, String),
+    /// What it does.
+    pub work: Work,
+}
+
+impl Trial {
+    /// Whether the trial needs the case's inputs and oracle.
+    fn needs_oracle(&self) -> Option<&Arc<Case>> {
+        match &self.work {
+            Work::Run { target: Target::Ready(b), case, .. } if b.executes() => Some(case),
+            Work::Golden(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// Which trials a front end selected: libtest's filter semantics (a name containing any
+/// filter, none of the skips; `exact` compares whole names), plus backend and
+/// implementation lists of `grpo-suite run`.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Keep names containing one of these (all when empty).
+    pub filters: Vec<String>,
+    /// Drop names containing one of these.
+    pub skip: Vec<String>,
+    /// Whole-name comparison instead of substrings.
+    pub exact: bool,
+    /// Keep only run trials of these backends (all when empty).
+    pub backends: Vec<String>,
+    /// Keep only run trials of these implementations (all when empty).
+    pub implementations: Vec<String>,
+}
+
+impl Selection {
+    /// Whether `t` is selected.
+    pub fn keeps(&self, t: &Trial) -> bool {
+        let m = |pat: &String| if self.exact { &t.name == pat } else { t.name.contains(pat.as_str()) };
+        if !self.filters.is_empty() && !self.filters.iter().any(m) {
+            return false;
+        }
+        if self.skip.iter().any(m) {
+            return false;
+        }
+        let is_run = matches!(t.work, Work::Run { .. });
+        if !self.backends.is_empty() && !(is_run && self.backends.contains(&t.key.0)) {
+            return false;
+        }
+        if !self.implementations.is_empty() && !(is_run && self.implementations.contains(&t.key.1)) {
+            return false;
+        }
+        true
+    }
+}
+
+/// The planned trials of a run.
+pub struct Plan {
+    /// The suite.
+    pub suite: Suite,
+    /// Its cases.
+    pub cases: Vec<Arc<Case>>,
+    /// The trials, in order.
+    pub trials: Vec<Trial>,
+    /// Backends that are unavailable here (name, why).
+    pub unavailable: Vec<backends::Unavailable>,
+    /// Golden directory.
+    pub golden_dir: PathBuf,
+    /// Rewrite golden files instead of checking them.
+    pub bless: bool,
+    reference: Arc<dyn Backend>,
+}
+
+/// Implementation names a backend's configuration lists (enabled ones).
+fn configured_implementations(config: &Config, backend: &str) -> Vec<String> {
+    let b = &config.backends;
+    let list = if backend == "reference" {
+        b.reference.as_ref().map(|c| &c.implementations)
+    } else if backend == "pjrt-cpu" {
+        b.pjrt_cpu.as_ref().map(|c| &c.implementations)
+    } else if backend == "pjrt-tpu" {
+        b.pjrt_tpu.as_ref().map(|c| &c.implementations)
+    } else if backend.starts_with("tpu-aot-") {
+        b.tpu_aot.as_ref().map(|c| &c.implementations)
+    } else {
+        None
+    };
+    list.map(|l| crate::config::enabled(l).iter().map(|c| c.display_name().to_string()).collect()).unwrap_or_default()
+}
+
+impl Plan {
+    /// Builds the full trial list of `suite` (cheap: nothing is exported or generated).
+    /// `required` backends that are unavailable become failing trials. A stale
+    /// expected-failure entry (matching no trial of the whole matrix) is an error.
+    pub fn build(matrix: &Matrix, suite: Suite, config: &Config, required: &[String], bless: bool) -> Result<Plan> {
+        for r in required {
+            if !config.backends.names().contains(r) {
+                bail!(
+                    "required backend `{r}` is not in the configuration {} (it has: {})",
+                    config.origin,
+                    config.backends.names().join(", ")
+                );
+            }
+        }
+        let (ready, unavailable) = backends::available(config);
+        let by_name: HashMap<String, Arc<dyn Backend>> = ready.iter().map(|b| (b.name().to_string(), b.clone())).collect();
+        let names = config.backends.names();
+
+        // Stale expected failures: judged on the whole matrix, not this suite or filter.
+        for (k, e) in config.expected_failures.iter().enumerate() {
+            let hit = names.iter().any(|b| {
+                configured_implementations(config, b)
+                    .iter()
+                    .any(|i| matrix.suite(Suite::Full).iter().any(|c| e.matches(b, i, &c.id)))
+            });
+            if !hit {
+                bail!(
+                    "{}: expected_failures[{k}] ({}) matches no trial of the matrix: remove the stale entry",
+                    config.origin,
+                    e.describe()
+                );
+            }
+        }
+
+        let cases: Vec<Arc<Case>> = matrix.suite(suite).into_iter().cloned().map(Arc::new).collect();
+        let mut trials = Vec::new();
+        for b in &names {
+            let target = match by_name.get(b) {
+                Some(x) => Target::Ready(x.clone()),
+                None => {
+                    let reason = unavailable.iter().find(|u| &u.name == b).map(|u| u.reason.clone()).unwrap_or_default();
+                    Target::Unavailable { reason, required: required.contains(b) }
+                }
+            };
+            for imp in configured_implementations(config, b) {
+                for c in &cases {
+                    let expected = config.expected_failures.iter().find(|e| e.matches(b, &imp, &c.id)).cloned();
+                    trials.push(Trial {
+                        name: format!("{b}/{imp}/{}", c.id),
+                        key: (b.clone(), imp.clone(), c.id.clone()),
+                        work: Work::Run { target: target.clone(), implementation: imp.clone(), case: c.clone(), expected },
+                    });
+                }
+            }
+        }
+        for c in &cases {
+            trials.push(Trial { name: format!("golden/{}", c.id), key: ("golden".into(), "oracle".into(), c.id.clone()), work: Work::Golden(c.clone()) });
+        }
+        // The wrong variants need the ci tier's variety (τ ≠ 1, empty rows, ...) to be caught.
+        if matches!(suite, Suite::Ci | Suite::Full) {
+            for m in Mutation::ALL {
+                let imp = format!("naive_f32+{}", m.name());
+                trials.push(Trial {
+                    name: format!("should-fail/{imp}"),
+                    key: ("reference".into(), imp, "*".into()),
+                    work: Work::ShouldFail(m),
+                });
+            }
+        }
+        Ok(Plan {
+            suite,
+            cases,
+            trials,
+            unavailable,
+            golden_dir: crate::repo_root().join("golden"),
+            bless,
+            reference: Arc::new(backends::ReferenceBackend::default()),
+        })
+    }
+
+    /// Keeps the selected trials only.
+    pub fn select(&mut self, sel: &Selection) {
+        self.trials.retain(|t| sel.keeps(t));
+    }
+
+    /// Trial names, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.trials.iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// Lets each available backend prepare exactly the run trials that remain (e.g. one
+    /// export batch). Errors are per backend: (backend name, message).
+    pub fn prepare(&self) -> Vec<(String, String)> {
+        let mut per_backend: Vec<(Arc<dyn Backend>, Vec<(String, Arc<Case>)>)> = Vec::new();
+        for t in &self.trials {
+            if let Work::Run { target: Target::Ready(b), implementation, case, .. } = &t.work {
+                match per_backend.iter_mut().find(|(x, _)| x.name() == b.name()) {
+                    Some((_, w)) => w.push((implementation.clone(), case.clone())),
+                    None => per_backend.push((b.clone(), vec![(implementation.clone(), case.clone())])),
+                }
+            }
+        }
+        let mut errors = Vec::new();
+        for (b, work) in per_backend {
+            let refs: Vec<(&str, &Case)> = work.iter().map(|(i, c)| (i.as_str(), c.as_ref())).collect();
+            if let Err(e) = b.prepare(&refs) {
+                errors.push((b.name().to_string(), format!("{e:#}")));
+            }
+        }
+        errors
+    }
+
+    /// Announces to `cache` how many trials will ask for each case's inputs and oracle.
+    pub fn announce(&self, cache: &CaseCache) {
+        for t in &self.trials {
+            if let Some(c) = t.needs_oracle() {
+                cache.expect(c, 1);
+            }
+        }
+    }
+
+    /// The reason a run trial is ignored, if it is (asks the backend, so after [`Plan::prepare`]).
+    pub fn ignored(&self, t: &Trial) -> Option<String> {
+        match &t.work {
+            Work::Run { target: Target::Unavailable { reason, required: false }, .. } => Some(format!("backend unavailable: {reason}")),
+            Work::Run { target: Target::Ready(b), implementation, case, .. } => b.supports(implementation, case).err(),
+            _ => None,
+        }
+    }
+
+    /// Executes one trial. Every trial that asked [`Plan::announce`] for its case frees
+    /// its share, whatever the outcome.
+    pub fn execute(&self, t: &Trial, cache: &CaseCache, opts: &RunOptions) -> TrialOutcome {
+        let t0 = Instant::now();
+        let (b, i, c) = &t.key;
+        let mut out = match &t.work {
+            Work::Run { target, implementation, case, expected } => {
+                let mut o = match target {
+                    Target::Unavailable { reason, required } => {
+                        let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
+                        o.verdict = if *required {
+                            Verdict::Error(format!("required backend `{b}` unavailable: {reason}"))
+                        } else {
+                            Verdict::Ignored(format!("backend unavailable: {reason}"))
+                        };
+                        o
+                    }
+                    Target::Ready(backend) => {
+                        let needs = backend.executes();
+                        let o = match backend.supports(implementation, case) {
+                            Err(reason) => {
+                                let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
+                                o.verdict = Verdict::Ignored(reason);
+                                o
+                            }
+                            Ok(()) => {
+                                let prep = needs.then(|| cache.get(case));
+                                run_trial(backend.as_ref(), implementation, case, prep.as_deref(), opts)
+                            }
+                        };
+                        if needs {
+                            cache.done(case);
+                        }
+                        o
+                    }
+                };
+                if let Some(e) = expected {
+                    o.verdict = match std::mem::replace(&mut o.verdict, Verdict::Pass) {
+                        Verdict::Fail | Verdict::Error(_) => Verdict::ExpectedFail(format!("{} ({})", e.reason, e.describe())),
+                        Verdict::Pass => Verdict::UnexpectedPass(format!(
+                            "passed, but the configuration lists it as an expected failure ({}: {}); remove the entry",
+                            e.describe(),
+                            e.reason
+                        )),
+                        other => other,
+                    };
+                }
+                o
+            }
+            Work::Golden(case) => {
+                let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Golden, b, i, c);
+                let prep = cache.get(case);
+                let res = if self.bless {
+                    golden::store(&golden::path(&self.golden_dir, case), &golden::compute(case, &prep.inputs, &prep.oracle))
+                        .map(|_| Check::Match)
+                } else {
+                    golden::check(&self.golden_dir, case, &prep.inputs, &prep.oracle)
+                };
+                drop(prep);
+                cache.done(case);
+                match res {
+                    Ok(Check::Match) => {}
+                    Ok(Check::Mismatch(d)) => {
+                        o.verdict = Verdict::Fail;
+                        o.detail = Some(format!("{}\n{}", d.join("\n"), golden::BLESS_HINT));
+                    }
+                    Err(e) => o.verdict = Verdict::Error(format!("{e:#}")),
+                }
+                o
+            }
+            Work::ShouldFail(m) => self.should_fail(t, *m),
+        };
+        out.wall_s = t0.elapsed().as_secs_f64();
+        out
+    }
+
+    /// A wrong variant runs through the reference backend on the suite's cases until one
+    /// gate fails (pass = caught); if it passes every case, the trial fails.
+    fn should_fail(&self, t: &Trial, m: Mutation) -> TrialOutcome {
+        let (b, i, c) = &t.key;
+        let mut o = TrialOutcome::new(t.name.clone(), TrialKind::ShouldFail, b, i, c);
+        let opts = RunOptions { warmup: 0, repeats: 0 };
+        for case in &self.cases {
+            if self.reference.supports(i, case).is_err() {
+                continue;
+            }
+            let prep = Prepared::new(case);
+            let r = run_trial(self.reference.as_ref(), i, case, Some(&prep), &opts);
+            if let Some(g) = r.gates.iter().find(|g| !g.passed) {
+                o.detail = Some(format!("caught on {}: {}", case.id, g.message));
+                return o;
+            }
+            if let Verdict::Error(e) = r.verdict {
+                o.verdict = Verdict::Error(format!("{} on {}: {e}", m.name(), case.id));
+                return o;
+            }
+        }
+        o.verdict = Verdict::Fail;
+        o.detail = Some(format!("{} is a deliberately wrong variant but it passed every case of the suite", m.name()));
+        o
+    }
+}
+
+/// Counts of a finished run, for the closing line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Passed.
+    pub passed: usize,
+    /// Failed gates or budgets.
+    pub failed: usize,
+    /// Errors (export, compile, run, required backend missing).
+    pub errors: usize,
+    /// Ignored with a reason.
+    pub ignored: usize,
+    /// Expected failures that failed.
+    pub expected_fail: usize,
+    /// Expected failures that passed (a failure of the run).
+    pub unexpected_pass: usize,
+}
+
+impl Tally {
+    /// Counts the verdicts.
+    pub fn of<'a>(outcomes: impl IntoIterator<Item = &'a TrialOutcome>) -> Tally {
+        let mut t = Tally::default();
+        for o in outcomes {
+            match o.verdict {
+                Verdict::Pass => t.passed += 1,
+                Verdict::Fail => t.failed += 1,
+                Verdict::Error(_) => t.errors += 1,
+                Verdict::Ignored(_) => t.ignored += 1,
+                Verdict::ExpectedFail(_) => t.expected_fail += 1,
+                Verdict::UnexpectedPass(_) => t.unexpected_pass += 1,
+            }
+        }
+        t
+    }
+
+    /// Whether the run is green: something was checked (a pass or a confirmed expected
+    /// failure) and nothing failed.
+    pub fn green(&self) -> bool {
+        self.passed + self.expected_fail > 0 && self.failed + self.errors + self.unexpected_pass == 0
+    }
+}
