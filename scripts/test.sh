@@ -2,7 +2,7 @@
 # README command 2 (and what .ci/run calls): set up everything (idempotent), then run
 # every test: the Python package's pytest suite, then `cargo test` over the workspace
 # (unit tests, oracle self-checks, the PJRT binding against the real CPU plugin, the
-# conformance harness over the `ci` tier, doc tests). Both default backends are required:
+# conformance harness over the `ci` tier, doc tests), then the `--features tpu` build. Both default backends are required:
 # if one is unavailable the run fails instead of ignoring its trials. Ends with one
 # summary line over both runners.
 set -uo pipefail
@@ -15,9 +15,18 @@ echo "== pytest backends/jax" >&2
 .venv/bin/python -m pytest -q -p no:cacheprovider backends/jax/tests 2>&1 | tee "$log"
 py=${PIPESTATUS[0]}
 echo "== cargo test" >&2
-export GRPO_REQUIRE_BACKENDS="${GRPO_REQUIRE_BACKENDS:-reference,pjrt-cpu}"
+export GRPO_REQUIRE_BACKENDS="${GRPO_REQUIRE_BACKENDS:-reference,pjrt-cpu,tpu-aot-v6e-2x2}"
 cargo test --workspace --release "$@" 2>&1 | tee -a "$log"
 rs=${PIPESTATUS[0]}
+# The TPU execution path must keep building: with `--features tpu` the harness uses
+# configs/tpu.yaml, whose pjrt-tpu trials are ignored here (no chips) and run on a TPU VM.
+echo "== cargo test --features tpu (pjrt-tpu trials; ignored without TPU chips)" >&2
+cargo test --release --features tpu --test conformance -- pjrt-tpu/ 2>&1 | tee -a "$log"
+tpu=${PIPESTATUS[0]}
+[ "$tpu" -eq 0 ] || rs=$tpu
+cargo test --release --features tpu --lib backends:: 2>&1 | tee -a "$log"
+tpu=${PIPESTATUS[0]}
+[ "$tpu" -eq 0 ] || rs=$tpu
 sum() { grep -oE "$1" "$log" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}'; }
 passed=$(( $(sum '[0-9]+ passed;') + $(sum '^[0-9]+ passed') + $(sum ' [0-9]+ passed in') ))
 failed=$(( $(sum '[0-9]+ failed;') + $(sum '[0-9]+ failed,') ))

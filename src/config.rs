@@ -25,6 +25,8 @@ use std::path::{Path, PathBuf};
 
 /// Default configuration file, relative to the repository root.
 pub const DEFAULT_CONFIG: &str = "configs/default.yaml";
+/// Default configuration of a `--features tpu` build (adds the `pjrt-tpu` backend).
+pub const TPU_CONFIG: &str = "configs/tpu.yaml";
 
 /// A whole configuration.
 #[derive(Debug, Clone, Deserialize)]
@@ -235,7 +237,8 @@ impl Config {
     }
 
     /// The configuration path a front end uses: `explicit` if given, else `GRPO_CONFIG`,
-    /// else the nightly config for the nightly suite, else the default.
+    /// else the nightly config for the nightly suite, else `configs/tpu.yaml` in a build
+    /// with the `tpu` feature, else the default.
     pub fn path_for(explicit: Option<&Path>, suite: crate::cases::Suite) -> Result<PathBuf> {
         if let Some(p) = explicit {
             return Ok(p.to_path_buf());
@@ -243,7 +246,14 @@ impl Config {
         if let Some(p) = crate::env::config()? {
             return Ok(p);
         }
-        Ok(crate::repo_root().join(if suite == crate::cases::Suite::Nightly { "configs/nightly.yaml" } else { DEFAULT_CONFIG }))
+        let file = if suite == crate::cases::Suite::Nightly {
+            "configs/nightly.yaml"
+        } else if cfg!(feature = "tpu") {
+            TPU_CONFIG
+        } else {
+            DEFAULT_CONFIG
+        };
+        Ok(crate::repo_root().join(file))
     }
 }
 

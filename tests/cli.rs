@@ -202,6 +202,7 @@ fn a_scaled_tolerance_is_loud_in_the_summary() {
 }
 
 #[test]
+#[cfg(feature = "pjrt")]
 fn an_unavailable_backend_lists_its_trials_ignored_and_a_required_one_fails() {
     let cfg = "backends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu: {plugin: /nonexistent/plugin.so, implementations: [jax_baseline]}\n";
     let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[]);
@@ -215,6 +216,7 @@ fn an_unavailable_backend_lists_its_trials_ignored_and_a_required_one_fails() {
 }
 
 #[test]
+#[cfg(feature = "pjrt")]
 fn a_filtered_run_exports_only_what_it_runs() {
     let art = tempfile::tempdir().unwrap();
     let trial = "pjrt-cpu/jax_baseline/logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed";

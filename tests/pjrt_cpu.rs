@@ -3,6 +3,8 @@
 //! export the baseline with one knob changed and judge it against the true case: the
 //! gates must fail, on the output the knob drives.
 
+#![cfg(feature = "pjrt")]
+
 use grpo_conformance::backends::pjrt::cpu::PjrtCpu;
 use grpo_conformance::backends::{Backend, RunOptions};
 use grpo_conformance::cases::{parse_fixed, Case};
