@@ -152,6 +152,12 @@ pub struct ImplConfig {
     /// compiler's peak (`tpu-aot`, `pjrt-tpu`); absent means "recorded, not judged".
     #[serde(default)]
     pub max_peak_over_floor: Option<f64>,
+    /// Fixed allowance of the budget, bytes: peak ≤ max_peak_over_floor × floor + this.
+    /// The compiler's per-program overhead (512-byte buffer minimums, scoped temporaries)
+    /// does not scale with the shape: it dominates at ci shapes (floors of kilobytes) and
+    /// vanishes at production ones (gigabytes).
+    #[serde(default)]
+    pub peak_slack_bytes: u64,
 }
 
 fn yes() -> bool {
@@ -168,6 +174,7 @@ impl ImplEntry {
                 enabled: true,
                 options: Default::default(),
                 max_peak_over_floor: None,
+                peak_slack_bytes: 0,
             },
             ImplEntry::Full(c) => c.clone(),
         }
@@ -195,6 +202,8 @@ pub fn check_implementations(origin: &str, backend: &str, list: &[ImplEntry]) ->
             if !(b.is_finite() && b >= 1.0) {
                 bail!("{origin}: backend `{backend}`, implementation `{n}`: max_peak_over_floor must be a number ≥ 1 (got {b})");
             }
+        } else if c.peak_slack_bytes > 0 {
+            bail!("{origin}: backend `{backend}`, implementation `{n}`: peak_slack_bytes without max_peak_over_floor");
         }
         names.push(n);
     }

@@ -65,6 +65,9 @@ pub struct Memory {
     pub generated_code_bytes: Option<u64>,
     /// The floor: arguments + outputs − aliased (what any implementation must hold).
     pub floor_bytes: Option<u64>,
+    /// Device peak of the production compile when it differs in kind from `peak_bytes`
+    /// (tpu-aot: the default compile's peak, which counts buffers prefetched into VMEM).
+    pub peak_with_vmem_prefetch_bytes: Option<u64>,
     /// Whose compiler produced these figures (`XLA:CPU`: peak = floor always, says
     /// nothing about device memory; `libtpu <version> <topology>`: HBM).
     pub source: Option<String>,
@@ -143,9 +146,25 @@ pub trait Backend: Send + Sync {
         true
     }
 
-    /// The configured `max_peak_over_floor` of an implementation, if any.
-    fn budget(&self, _implementation: &str) -> Option<f64> {
+    /// The configured memory budget of an implementation, if any.
+    fn budget(&self, _implementation: &str) -> Option<Budget> {
         None
+    }
+}
+
+/// A memory budget: peak ≤ `max_peak_over_floor` × floor + `slack_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    /// Bound on peak / floor.
+    pub max_peak_over_floor: f64,
+    /// Fixed allowance, bytes.
+    pub slack_bytes: u64,
+}
+
+impl Budget {
+    /// The budget of a configured implementation, if it has one.
+    pub fn of(c: &crate::config::ImplConfig) -> Option<Budget> {
+        c.max_peak_over_floor.map(|r| Budget { max_peak_over_floor: r, slack_bytes: c.peak_slack_bytes })
     }
 }
 

@@ -150,7 +150,7 @@ fn print_table(outcomes: &[TrialOutcome]) {
         .iter()
         .map(|o| {
             let worst = match (&o.budget, o.worst()) {
-                (Some(b), _) => format!("peak/floor {:.3} (≤{})", b.ratio, b.max_peak_over_floor),
+                (Some(b), _) => format!("peak/floor {:.3} (≤{}{})", b.ratio, b.max_peak_over_floor, if b.slack_bytes > 0 { "+slack" } else { "" }),
                 (None, Some(g)) => format!("{} {:.2e}", g.output, g.norm_err),
                 (None, None) => "-".into(),
             };

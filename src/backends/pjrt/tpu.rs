@@ -125,8 +125,8 @@ mod imp {
             Ok(RunResult { outputs: Some(named_outputs(&specs, res.outputs)?), timing: Some(res.timing), memory: res.memory, cost: res.cost })
         }
 
-        fn budget(&self, implementation: &str) -> Option<f64> {
-            self.options(implementation).and_then(|c| c.max_peak_over_floor)
+        fn budget(&self, implementation: &str) -> Option<crate::backends::Budget> {
+            self.options(implementation).and_then(crate::backends::Budget::of)
         }
     }
 }

@@ -183,6 +183,7 @@ pub fn memory_of(exe: &grpo_pjrt::Executable, source: &str) -> Option<Memory> {
             alias_bytes: Some(s.alias_size_in_bytes as u64),
             generated_code_bytes: Some(s.generated_code_size_in_bytes as u64),
             floor_bytes: None,
+            peak_with_vmem_prefetch_bytes: None,
             source: Some(source.to_string()),
         }
         .with_floor()

@@ -12,16 +12,21 @@ with ``perm`` the physical order (option ``logits_layout``; auto = ``tpu_default
 which reproduces XLA:TPU's choice) and XLA turns the transposes into bitcasts. Measured
 (deviceless libtpu compile, v5e/v6e): peak HBM 2.00x arguments+outputs before, 1.00x now.
 
-Blocks. The vocab axis gets ``block_v``, the two token axes (B, T in their physical order)
-together ``block_rows`` tokens: the inner token axis takes min(block_rows, its size), the
-outer one the rest. Nothing is padded in HBM: partial blocks on any axis compute values
-that Pallas discards on write-back (tokens are independent), and the last, partial
-vocab tile is masked in-kernel (vocab entries >= V are excluded from max, sum, entropy
-and the chosen logit; the backward writes 0 there, and they are outside the array).
+Blocks (``make_plan``). Row-major logits whose [B, T, V] -> [N, V] reshape is free
+(N = B*T; always off TPU, on TPU when B = 1 or T % 8 == 0) are tiled as before the
+layout fix: (block_rows, block_v) blocks of the [N, V] view. Otherwise the vocab axis gets
+``block_v`` and the two token axes (in their physical order) together ``block_rows``
+tokens: the inner token axis takes min(block_rows, its size), the outer one the rest;
+with the vocab major the vocab block is rescaled to keep the padded tile size. Nothing
+is padded in HBM: partial blocks on any axis compute values that Pallas discards on
+write-back (tokens are independent), and the last, partial vocab tile is masked
+in-kernel (vocab entries >= V are excluded from max, sum, entropy and the chosen logit;
+the backward writes 0 there, and they are outside the array).
 
-Forward kernel, grid (outer token blocks, inner token blocks: "parallel"; vocab blocks
-"arbitrary", last), one pass over the vocab with per-token running statistics in VMEM
-scratch (reductions run along the vocab axis of the tile, wherever it is):
+Forward kernel, grid (token blocks, one axis per token dim with more than one block:
+"parallel"; vocab blocks "arbitrary", last), one pass over the vocab with per-token
+running statistics in VMEM scratch (reductions run along the vocab axis of the tile,
+wherever it is):
 
     s   = f32(z) / tau                      (in-kernel upcast)
     m   = running max of s
@@ -43,7 +48,8 @@ level, masking) are ``grpo_math`` in JAX around the kernel; advantages never ent
 
 ``impl_options`` (defaults in ``_COMMON_OPTIONS``):
   block_rows      128   tokens per block (clamped to the array; see Blocks)
-  block_v         2048  vocab entries per block (clamped to V)
+  block_v         2048  vocab entries per block (clamped to V; rescaled if the vocab is
+                        the major dim, see Blocks)
   interpret       null  null = auto (True on cpu, False on tpu)
   bwd_impl        "pallas" | "jax" (``pallas_logits`` only)
   logits_layout   null  physical order of logits/dlogits, major to minor, one of
@@ -130,8 +136,9 @@ def tpu_default_layout(shape, dtype: str) -> str:
 # with size 1 at ``kv``. Reductions over ``kv`` with keepdims map one onto the other.
 
 def _fwd_kernel(ids_ref, z_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a_sc, c_sc, *,
-                v: int, block_v: int, kv: int, temperature: float, mask_tail: bool):
-    j = pl.program_id(2)
+                v: int, block_v: int, kv: int, vgrid: int, temperature: float,
+                mask_tail: bool):
+    j = pl.program_id(vgrid)  # the vocab grid axis (the last one)
 
     @pl.when(j == 0)
     def _init():
@@ -156,7 +163,7 @@ def _fwd_kernel(ids_ref, z_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a_sc, c_
     hit = col == ids_ref[...]                                        # y is in [0, V)
     c_sc[...] += jnp.sum(jnp.where(hit, s, 0.0), axis=kv, keepdims=True)
 
-    @pl.when(j == pl.num_programs(2) - 1)
+    @pl.when(j == pl.num_programs(vgrid) - 1)
     def _finish():
         log_l = jnp.log(l_sc[...])
         lse = m_sc[...] + log_l
@@ -166,8 +173,9 @@ def _fwd_kernel(ids_ref, z_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a_sc, c_
 
 
 def _bwd_kernel(ids_ref, lse_ref, g_ref, z_ref, dz_ref, *,
-                v: int, block_v: int, kv: int, temperature: float, mask_tail: bool):
-    j = pl.program_id(2)
+                v: int, block_v: int, kv: int, vgrid: int, temperature: float,
+                mask_tail: bool):
+    j = pl.program_id(vgrid)
     s = z_ref[...].astype(f32) / temperature
     col = j * block_v + jax.lax.broadcasted_iota(jnp.int32, s.shape, kv)
     p = jnp.exp(s - lse_ref[...])
@@ -181,24 +189,39 @@ def _bwd_kernel(ids_ref, lse_ref, g_ref, z_ref, dz_ref, *,
 # --------------------------------------------------------------------------- config
 
 class Plan(NamedTuple):
-    """How the kernels tile one problem (all tuples in physical order, major to minor)."""
+    """How the kernels tile one problem. ``shape``, ``block`` and dims are those of the
+    kernel operand: ``transpose(logits, perm)`` (major to minor), or its free reshape to
+    [N, V] (N = B*T) for the row-major layout ("flat")."""
 
     layout: str     # e.g. "bvt"
     perm: tuple     # physical dim i holds logical axis perm[i] (0=B, 1=T, 2=V)
-    shape: tuple    # physical shape of logits / dlogits
-    kv: int         # physical position of the vocab axis
+    shape: tuple    # the kernel operand's shape: 3-D physical, or [N, V] when flat
+    kv: int         # the vocab dim of the operand
     block: tuple    # block shape (ints)
-    squeeze: tuple  # physical dims whose size-1 block is squeezed out of the kernel view
+    squeeze: tuple  # dims whose size-1 block is squeezed out of the kernel's view
 
     @property
-    def grid(self) -> tuple:
-        """(outer token blocks, inner token blocks, vocab blocks)."""
-        pa, pb = self.token_dims
-        return tuple(pl.cdiv(self.shape[p], self.block[p]) for p in (pa, pb, self.kv))
+    def flat(self) -> bool:
+        return len(self.shape) == 2
 
     @property
     def token_dims(self) -> tuple:
-        return tuple(p for p in range(3) if p != self.kv)
+        return tuple(p for p in range(len(self.shape)) if p != self.kv)
+
+    @property
+    def grid_token_dims(self) -> tuple:
+        """Token dims with more than one block: one grid axis each (major first)."""
+        return tuple(p for p in self.token_dims if self.shape[p] > self.block[p])
+
+    @property
+    def grid(self) -> tuple:
+        """(token blocks per grid_token_dims..., vocab blocks): the vocab axis is last."""
+        return tuple(pl.cdiv(self.shape[p], self.block[p])
+                     for p in self.grid_token_dims + (self.kv,))
+
+    @property
+    def dim_names(self) -> tuple:
+        return ("N", "V") if self.flat else tuple(self.layout.upper())
 
     @property
     def kernel_block(self) -> tuple:
@@ -223,19 +246,26 @@ def _layout(problem: Problem, options: Mapping[str, Any]) -> str:
 def make_plan(problem: Problem, options: Mapping[str, Any]) -> Plan:
     """Physical layout and block shape (blocks are clamped to the array).
 
-    Vocab minor or second-minor ("btv", "tbv", "bvt", "tvb"): the vocab block is
-    ``block_v``, the inner token dim takes min(block_rows, size), the outer one
-    block_rows // that (at least 1). Vocab major ("vbt", "vtb", XLA's choice e.g. for f32
-    [4, 1024, 151643]): the tokens fill the lanes (min(block_rows, size)) and the
-    second-minor token dim is squeezed if it has size 1, else taken whole or in multiples
-    of 8 (each slab is padded to 8 sublanes in VMEM); the vocab block (a leading dim) is
-    then scaled so the padded tile keeps block_rows x block_v elements.
+    Row-major ("btv") with a free [B, T, V] -> [N, V] reshape (always off TPU; on TPU when
+    B = 1 or T is a multiple of 8, the rows of a tile): blocks (block_rows, block_v) of
+    the [N, V] view. Other orders with the vocab minor or second-minor ("btv", "tbv",
+    "bvt", "tvb"): the vocab block is ``block_v``, the inner token dim takes
+    min(block_rows, size), the outer one block_rows // that (at least 1). Vocab major
+    ("vbt", "vtb", XLA's choice e.g. for f32 [4, 1024, 151643]): the tokens fill the lanes
+    (min(block_rows, size)) and the second-minor token dim is squeezed if it has size 1,
+    else taken whole or in multiples of 8 (each slab is padded to 8 sublanes in VMEM); the
+    vocab block (a leading dim) is then scaled so the padded tile keeps
+    block_rows x block_v elements.
     """
     layout = _layout(problem, options)
     perm = tuple(AXES.index(c) for c in layout)
-    shape = tuple((problem.b, problem.t, problem.v)[a] for a in perm)
-    kv = perm.index(2)
+    b, t, v = problem.b, problem.t, problem.v
     rows, block_v = int(options["block_rows"]), int(options["block_v"])
+    if layout == "btv" and (problem.platform != "tpu" or b == 1 or t % SUBLANE == 0):
+        n = b * t
+        return Plan(layout, perm, (n, v), 1, (min(rows, n), min(block_v, v)), ())
+    shape = tuple((b, t, v)[a] for a in perm)
+    kv = perm.index(2)
     block = [0, 0, 0]
     pa, pb = (p for p in range(3) if p != kv)
     block[pb] = min(rows, shape[pb])
@@ -322,14 +352,16 @@ def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[st
         return f"Mosaic (interpret=false) needs platform tpu, not {p.platform!r}"
     plan = make_plan(p, options)
     bad = []
-    for dim, unit in ((1, SUBLANE), (2, LANE)):
+    rank = len(plan.shape)
+    for dim, unit in ((rank - 2, SUBLANE), (rank - 1, LANE)):
         blk, size = plan.block[dim], plan.shape[dim]
         if blk % unit and blk != size:
             key = "block_v" if dim == plan.kv else "block_rows"
-            axis = plan.layout[dim].upper()
+            where = "lane" if dim == rank - 1 else "sublane"
+            view = "[N, V] view" if plan.flat else f"{plan.layout!r} layout"
             bad.append(f"{key}={options[key]} is neither a multiple of {unit} nor "
-                       f"{axis}={size} (block {blk} on the {'lane' if dim == 2 else 'sublane'} "
-                       f"axis of the {plan.layout!r} logits layout)")
+                       f"{plan.dim_names[dim]}={size} (block {blk} on the {where} axis of "
+                       f"the logits' {view})")
     need = vmem_estimate(plan.kernel_block, plan.kernel_kv, p.dtype,
                          options.get("bwd_impl", "pallas") == "pallas")
     budget = options.get("vmem_limit_bytes") or VMEM_BUDGET_BYTES
@@ -343,18 +375,18 @@ def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[st
 
 def _spec(plan: Plan, *, stats: bool) -> pl.BlockSpec:
     """BlockSpec of a logits-shaped (stats=False) or per-token (stats=True) operand."""
-    kv = plan.kv
-    pa, pb = plan.token_dims
+    kv, tokens = plan.kv, plan.grid_token_dims
     block = list(plan.block)
     if stats:
         block[kv] = 1
     for p in plan.squeeze:
         block[p] = None
 
-    def index_map(ga, gb, gv):
-        idx = [0, 0, 0]
-        idx[pa], idx[pb] = ga, gb
-        idx[kv] = 0 if stats else gv
+    def index_map(*g):  # grid (token blocks..., vocab blocks); see Plan.grid
+        idx = [0] * len(block)
+        for p, i in zip(tokens, g):
+            idx[p] = i
+        idx[kv] = 0 if stats else g[-1]
         return tuple(idx)
     return pl.BlockSpec(tuple(block), index_map)
 
@@ -372,14 +404,15 @@ def _fwd(zp, idsp, *, plan, temperature, interpret, mask_tail, vmem_limit_bytes)
     v = plan.shape[plan.kv]
     bv = plan.block[plan.kv]
     kernel = functools.partial(_fwd_kernel, v=v, block_v=bv, kv=plan.kernel_kv,
-                               temperature=temperature, mask_tail=mask_tail and v % bv != 0)
+                               vgrid=len(plan.grid) - 1, temperature=temperature,
+                               mask_tail=mask_tail and v % bv != 0)
     n = math.prod(plan.shape) // v
     row = jax.ShapeDtypeStruct(_stats_shape(plan), f32)
     rows = _spec(plan, stats=True)
     scratch = tuple(b for b in rows.block_shape if b is not None)  # the kernel's view
     elems = n * v
     cost = pl.CostEstimate(
-        flops=12 * elems, transcendentals=elems + 2 * n * plan.grid[2],
+        flops=12 * elems, transcendentals=elems + 2 * n * plan.grid[-1],
         bytes_accessed=elems * zp.dtype.itemsize + 4 * n + 3 * 4 * n)
     return pl.pallas_call(
         kernel,
@@ -388,8 +421,8 @@ def _fwd(zp, idsp, *, plan, temperature, interpret, mask_tail, vmem_limit_bytes)
         out_specs=[rows] * 3,
         out_shape=[row] * 3,
         scratch_shapes=[pltpu.VMEM(scratch, f32)] * 4,
-        compiler_params=_compiler_params(("parallel", "parallel", "arbitrary"),
-                                         vmem_limit_bytes),
+        compiler_params=_compiler_params(
+            ("parallel",) * (len(plan.grid) - 1) + ("arbitrary",), vmem_limit_bytes),
         cost_estimate=cost,
         interpret=interpret,
         name="grpo_logp_fwd",
@@ -401,7 +434,8 @@ def _bwd_pallas(zp, idsp, lse, g, *, plan, temperature, interpret, mask_tail,
     v = plan.shape[plan.kv]
     bv = plan.block[plan.kv]
     kernel = functools.partial(_bwd_kernel, v=v, block_v=bv, kv=plan.kernel_kv,
-                               temperature=temperature, mask_tail=mask_tail and v % bv != 0)
+                               vgrid=len(plan.grid) - 1, temperature=temperature,
+                               mask_tail=mask_tail and v % bv != 0)
     n = math.prod(plan.shape) // v
     elems = n * v
     cost = pl.CostEstimate(
@@ -414,8 +448,7 @@ def _bwd_pallas(zp, idsp, lse, g, *, plan, temperature, interpret, mask_tail,
         in_specs=[_spec(plan, stats=True)] * 3 + [tile],
         out_specs=tile,
         out_shape=jax.ShapeDtypeStruct(zp.shape, zp.dtype),
-        compiler_params=_compiler_params(("parallel", "parallel", "parallel"),
-                                         vmem_limit_bytes),
+        compiler_params=_compiler_params(("parallel",) * len(plan.grid), vmem_limit_bytes),
         cost_estimate=cost,
         interpret=interpret,
         name="grpo_logp_bwd",
@@ -431,9 +464,9 @@ def _bwd_jax(zp, idsp, lse, g, *, kv, temperature):
 
 def make_logp_entropy(*, plan, temperature, interpret, bwd_impl, mask_tail=True,
                       vmem_limit_bytes=None):
-    """(zp, idsp) -> (logp, entropy), with SPEC's VJP; all in ``plan``'s physical order:
-    zp = transpose(logits, plan.perm), idsp = transpose(ids[..., None], plan.perm) (i32),
-    outputs f32 shaped like idsp."""
+    """(zp, idsp) -> (logp, entropy), with SPEC's VJP, in ``plan``'s order:
+    zp = transpose(logits, plan.perm) reshaped to plan.shape, idsp the same of
+    ids[..., None] (i32, size 1 on the vocab dim); outputs f32 shaped like idsp."""
     fwd_kw = dict(plan=plan, temperature=temperature, interpret=interpret,
                   mask_tail=mask_tail, vmem_limit_bytes=vmem_limit_bytes)
 
@@ -468,9 +501,11 @@ def _builder(bwd_impl_fixed: Optional[str]):
         if problem.level != "logits":
             raise ValueError("pallas_logits implements the logits level only")
         _validate_options({"interpret": None, **options})
-        b, t = problem.b, problem.t
+        b, t, v = problem.b, problem.t, problem.v
         plan = make_plan(problem, options)
         inverse = tuple(plan.perm.index(a) for a in range(3))
+        physical = tuple((b, t, v)[a] for a in plan.perm)          # transpose(logits, perm)
+        stats3 = tuple(1 if a == 2 else n for a, n in zip(plan.perm, physical))
         kernel = make_logp_entropy(
             plan=plan, temperature=k.temperature,
             interpret=_interpret(problem.platform, options),
@@ -478,13 +513,17 @@ def _builder(bwd_impl_fixed: Optional[str]):
             mask_tail=not options.get("_unsafe_no_tail_mask", False),
             vmem_limit_bytes=options.get("vmem_limit_bytes"))
 
+        def per_token(x):  # kernel per-token output -> [B, T]
+            return jnp.transpose(x.reshape(stats3), inverse).reshape(b, t)
+
         def loss_fn(logits, chosen_ids, old_logp, ref_logp, advantages, mask):
-            # Both transposes are bitcasts when plan.layout is the arrays' physical order.
-            zp = jnp.transpose(logits, plan.perm)
+            # The transposes (and the flat [N, V] reshape) are bitcasts when plan.layout is
+            # the arrays' physical order: no copy of logits or dlogits.
+            zp = jnp.transpose(logits, plan.perm).reshape(plan.shape)
             idsp = jnp.transpose(chosen_ids.astype(jnp.int32)[..., None], plan.perm)
-            logp_p, ent_p = kernel(zp, idsp)
-            logp = jnp.transpose(logp_p, inverse).reshape(b, t)
-            entropy = jax.lax.stop_gradient(jnp.transpose(ent_p, inverse).reshape(b, t))
+            logp_p, ent_p = kernel(zp, idsp.reshape(_stats_shape(plan)))
+            logp = per_token(logp_p)
+            entropy = jax.lax.stop_gradient(per_token(ent_p))
             loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
             return loss, (jax.lax.stop_gradient(logp), aux, entropy)
 
