@@ -37,7 +37,8 @@ fn a_memory_hungry_implementation_fails_its_budget_and_a_streaming_kernel_passes
     let hungry = run_trial(&b, "jax_baseline", &c, None, &opts);
     assert_eq!(hungry.verdict, Verdict::Fail, "{}", hungry.failure_text());
     let budget = hungry.budget.as_ref().unwrap();
-    assert!(budget.ratio > 1.5 && !budget.passed, "{budget:?}");
+    // One extra f32 [B,T,V] copy over a floor of two (logits in, dlogits out) = 1.5×.
+    assert!(budget.ratio > 1.4 && !budget.passed, "{budget:?}");
     assert!(budget.message.contains("OVER BUDGET") && budget.message.contains("libtpu"), "{}", budget.message);
     let m = hungry.memory.as_ref().unwrap();
     assert_eq!(m.floor_bytes, Some(m.argument_bytes.unwrap() + m.output_bytes.unwrap() - m.alias_bytes.unwrap()));
