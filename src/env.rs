@@ -44,7 +44,7 @@ pub const RECORDS: &str = "GRPO_RECORDS";
 
 /// The table (docs/environment.md is generated from the same rows and checked by a test).
 pub const VARS: &[Var] = &[
-    Var { name: ROOT, meaning: "repository root: where `cases/`, `configs/`, `golden/` are found", default: "the source directory the binary was built from", read_by: "everything" },
+    Var { name: ROOT, meaning: "repository root: where `cases/`, `configs/`, `golden/` are found", default: "the working directory or its nearest ancestor with `cases/` and `configs/`, else the source directory the binary was built from", read_by: "everything" },
     Var { name: CONFIG, meaning: "run configuration file", default: "`configs/nightly.yaml` for the nightly suite, else `configs/default.yaml`", read_by: "test harness, `grpo-suite run` (when `--config` is not given)" },
     Var { name: SUITE, meaning: "suite of the test harness: smoke, ci, nightly or full", default: "`ci`", read_by: "test harness" },
     Var { name: REQUIRE_BACKENDS, meaning: "comma-separated backends that must be available: an unavailable one is a failing trial instead of an ignored one", default: "none (`scripts/test.sh` sets `reference,pjrt-cpu,tpu-aot`)", read_by: "test harness, `grpo-suite run`" },

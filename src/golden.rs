@@ -144,9 +144,15 @@ pub fn compute(case: &Case, inputs: &Inputs, o: &Oracle) -> Golden {
 
 /// Reads a golden file; a corrupt or stale file is an error saying so and how to fix it.
 pub fn load(path: &Path) -> Result<Golden> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}: missing golden file; {BLESS_HINT}", path.display()))?;
-    let g: Golden = serde_json::from_str(&text)
-        .with_context(|| format!("{}: corrupt golden file; {BLESS_HINT}", path.display()))?;
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::bail!("{}: missing golden file; {BLESS_HINT}", path.display())
+        }
+        Err(e) => anyhow::bail!("{}: cannot read golden file: {e}", path.display()),
+    };
+    let g: Golden = serde_json::from_slice(&bytes)
+        .map_err(|e| anyhow::anyhow!("{}: corrupt golden file ({e}); {BLESS_HINT}", path.display()))?;
     if g.provenance.oracle_version != ORACLE_VERSION || g.provenance.generator_version != GENERATOR_VERSION {
         anyhow::bail!(
             "{}: stale golden file (oracle v{}, generator v{}; now v{ORACLE_VERSION}, v{GENERATOR_VERSION}); {BLESS_HINT}",

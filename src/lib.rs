@@ -25,10 +25,18 @@ pub mod trials;
 
 use std::path::PathBuf;
 
-/// The repository root (where `cases/`, `golden/`, `configs/` live): `GRPO_ROOT` if set,
-/// else the crate directory this binary was built from.
+/// The repository root (where `cases/`, `golden/`, `configs/` live): `GRPO_ROOT` if set;
+/// else the working directory or its nearest ancestor that holds both `cases/` and
+/// `configs/` (so an installed binary works inside a checkout); else the crate directory
+/// this binary was built from.
 pub fn repo_root() -> PathBuf {
-    std::env::var_os("GRPO_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+    if let Some(r) = std::env::var_os(env::ROOT) {
+        return PathBuf::from(r);
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        if let Some(r) = cwd.ancestors().find(|d| d.join("cases").is_dir() && d.join("configs").is_dir()) {
+            return r.to_path_buf();
+        }
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

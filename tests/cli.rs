@@ -240,3 +240,35 @@ fn a_filtered_run_exports_only_what_it_runs() {
     assert!(String::from_utf8_lossy(&o.stdout).lines().count() > 1000);
     assert_eq!(std::fs::read_dir(art2.path()).map(|d| d.count()).unwrap_or(0), 0);
 }
+
+#[test]
+#[cfg(feature = "pjrt")]
+fn a_wrong_exporter_python_is_one_line_naming_it() {
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu: {implementations: [jax_baseline]}\n";
+    let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[("GRPO_PYTHON", "/bin/true"), ("GRPO_REQUIRE_BACKENDS", "pjrt-cpu")]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("/bin/true is not a Python interpreter") && e.contains("GRPO_PYTHON"), "{e}");
+}
+
+#[test]
+fn golden_check_errors_are_clear() {
+    // A garbage golden file is "corrupt", not "missing".
+    let dir = tempfile::tempdir().unwrap();
+    let id = "logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0/normal1-random-mixed";
+    let g = golden::path(dir.path(), &grpo_conformance::cases::load_dir(&repo_root().join("cases")).unwrap().get(id).unwrap().clone());
+    std::fs::create_dir_all(g.parent().unwrap()).unwrap();
+    std::fs::write(&g, b"\xff\xfe not json").unwrap();
+    let o = suite(&["golden", "check", "--suite", "smoke", "--dir", dir.path().to_str().unwrap(), "--filter", id]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("corrupt golden file"), "{}", stderr(&o));
+    // A --dir typo is one error, not one "missing" per case.
+    let o = suite(&["golden", "check", "--suite", "smoke", "--dir", "/nonexistent/golden"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("/nonexistent/golden does not exist") && e.trim().lines().count() == 1, "{e}");
+    // A filter that matches nothing checks nothing: an error.
+    let o = suite(&["golden", "check", "--suite", "smoke", "--filter", "no-such-case"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("nothing would be checked"), "{}", stderr(&o));
+}

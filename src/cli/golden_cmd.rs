@@ -48,6 +48,12 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
         .into_iter()
         .filter(|c| filter.as_deref().is_none_or(|f| c.id.contains(f)))
         .collect();
+    if cases.is_empty() {
+        bail!("no case of suite {suite} matches the filter: nothing would be checked");
+    }
+    if !update && !dir.is_dir() {
+        bail!("golden directory {} does not exist (check --dir)", dir.display());
+    }
     let pb = bar(cases.len());
     let mut problems = Vec::new();
     for c in &cases {

@@ -38,7 +38,13 @@ fn plugin_path(cfg_plugin: Option<&PathBuf>) -> Result<PathBuf> {
     }
     let p = match cfg_plugin {
         Some(p) => p.clone(),
-        None => grpo_pjrt::default_plugin_path().map_err(|e| anyhow::anyhow!("{e}"))?,
+        None => super::venv_site_file("xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so").map_err(|looked| {
+            anyhow::anyhow!(
+                "no PJRT CPU plugin at {} (run scripts/setup.sh, which installs the pinned xla_cpu_pjrt wheel, or set {})",
+                looked.display(),
+                crate::env::PJRT_PLUGIN
+            )
+        })?,
     };
     if !p.is_file() {
         bail!("PJRT plugin {} does not exist (run scripts/setup.sh or set {})", p.display(), crate::env::PJRT_PLUGIN);

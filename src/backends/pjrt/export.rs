@@ -157,6 +157,35 @@ pub fn export_batch(
     Ok(results)
 }
 
+/// Checks once per interpreter that it runs and finds the `grpo_jax` package (cheap: no
+/// jax import), so a wrong `GRPO_PYTHON` is one line naming it, not a traceback per batch.
+fn check_python(python: &Path) -> Result<()> {
+    static CHECKED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    if CHECKED.lock().unwrap().iter().any(|p| p == python) {
+        return Ok(());
+    }
+    let probe = "import importlib.util, sys; print('grpo-probe'); sys.exit(0 if importlib.util.find_spec('grpo_jax') else 3)";
+    let out = Command::new(python).args(["-c", probe]).output();
+    let hint = format!("set {} to the venv's python, or run scripts/setup.sh", crate::env::PYTHON);
+    match out {
+        Err(e) => bail!("cannot run the exporter's Python {}: {e} ({hint})", python.display()),
+        Ok(o) if !String::from_utf8_lossy(&o.stdout).contains("grpo-probe") => {
+            bail!("{} is not a Python interpreter ({hint})", python.display())
+        }
+        Ok(o) if o.status.code() == Some(3) => bail!("the Python {} has no grpo_jax package ({hint})", python.display()),
+        Ok(o) if !o.status.success() => bail!(
+            "the exporter's Python {} does not work ({}): {} ({hint})",
+            python.display(),
+            o.status,
+            String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+        ),
+        Ok(_) => {
+            CHECKED.lock().unwrap().push(python.to_path_buf());
+            Ok(())
+        }
+    }
+}
+
 /// The exporter of one backend: which Python, which cache, which platform, and what it
 /// has answered so far (per implementation name and case id). Only work a trial will
 /// run is ever sent to it.
@@ -175,6 +204,7 @@ impl Exporter {
         if !python.exists() {
             bail!("no Python for the exporter at {} (run scripts/setup.sh or set {})", python.display(), crate::env::PYTHON);
         }
+        check_python(&python)?;
         let cache_dir = crate::env::artifacts()?.unwrap_or_else(|| crate::repo_root().join("target/grpo-artifacts"));
         Ok(Exporter { python, cache_dir, platform: platform.into(), done: Mutex::new(HashMap::new()) })
     }

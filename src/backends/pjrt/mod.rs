@@ -29,6 +29,23 @@ mod worker;
 use super::{Backend, BackendsConfig, Unavailable};
 use std::sync::Arc;
 
+/// `<repo>/.venv/lib/python3*/site-packages/<rel>`, the newest Python's, if it exists;
+/// else the path that was looked for (with `python3*`), for the error message.
+pub fn venv_site_file(rel: &str) -> Result<std::path::PathBuf, std::path::PathBuf> {
+    let lib = crate::repo_root().join(".venv/lib");
+    let mut found: Vec<std::path::PathBuf> = std::fs::read_dir(&lib)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+                .map(|e| e.path().join("site-packages").join(rel))
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found.pop().ok_or_else(|| lib.join("python3*/site-packages").join(rel))
+}
+
 /// The backend name of a `tpu-aot` topology: `v6e:2x2` → `tpu-aot-v6e-2x2`.
 pub fn tpu_aot_name(topology: &str) -> String {
     format!("tpu-aot-{}", topology.replace(':', "-"))

@@ -56,20 +56,10 @@ pub fn libtpu_path(configured: Option<&PathBuf>) -> Result<PathBuf> {
         }
         return Ok(p.clone());
     }
-    let lib = crate::repo_root().join(".venv/lib");
-    let mut found: Vec<PathBuf> = std::fs::read_dir(&lib)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| e.path().join("site-packages/libtpu/libtpu.so"))
-                .filter(|p| p.is_file())
-                .collect()
-        })
-        .unwrap_or_default();
-    found.sort();
-    found.pop().ok_or_else(|| {
+    super::venv_site_file("libtpu/libtpu.so").map_err(|looked| {
         anyhow!(
-            "no libtpu at {}/python3*/site-packages/libtpu/libtpu.so (run scripts/setup.sh, which installs the pinned libtpu wheel, or set {})",
-            lib.display(),
+            "no libtpu at {} (run scripts/setup.sh, which installs the pinned libtpu wheel, or set {})",
+            looked.display(),
             crate::env::LIBTPU
         )
     })
