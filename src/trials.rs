@@ -25,6 +25,28 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Available host memory (`MemAvailable`), bytes.
+fn mem_available_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
+/// Refuses a case whose inputs and oracle would not fit in this machine's memory, before
+/// anything is allocated (instead of an abort on a failed allocation).
+pub fn check_host_memory(case: &Case) -> Result<(), String> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let need = case.host_bytes_needed().ok_or_else(|| format!("{}: shape overflows 64-bit byte counts", case.id))?;
+    match mem_available_bytes() {
+        Some(avail) if need > avail => Err(format!(
+            "needs ~{:.1} GiB of host memory for its inputs and the oracle, this machine has {:.1} GiB available",
+            gib(need),
+            gib(avail)
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Where a run trial's backend stands.
 #[derive(Clone)]
 pub enum Target {
@@ -308,10 +330,17 @@ impl Plan {
                                 o.verdict = Verdict::Ignored(reason);
                                 o
                             }
-                            Ok(()) => {
-                                let prep = needs.then(|| cache.get(case));
-                                run_trial(backend.as_ref(), implementation, case, prep.as_deref(), opts)
-                            }
+                            Ok(()) => match needs.then(|| check_host_memory(case)).transpose() {
+                                Err(e) => {
+                                    let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
+                                    o.verdict = Verdict::Error(e);
+                                    o
+                                }
+                                Ok(_) => {
+                                    let prep = needs.then(|| cache.get(case));
+                                    run_trial(backend.as_ref(), implementation, case, prep.as_deref(), opts)
+                                }
+                            },
                         };
                         if needs {
                             cache.done(case);
@@ -334,6 +363,12 @@ impl Plan {
             }
             Work::Golden(case) => {
                 let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Golden, b, i, c);
+                if let Err(e) = check_host_memory(case) {
+                    cache.done(case);
+                    o.verdict = Verdict::Error(e);
+                    o.wall_s = t0.elapsed().as_secs_f64();
+                    return o;
+                }
                 let prep = cache.get(case);
                 let res = if self.bless {
                     golden::store(&golden::path(&self.golden_dir, case), &golden::compute(case, &prep.inputs, &prep.oracle))

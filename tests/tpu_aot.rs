@@ -72,3 +72,21 @@ fn unsupported_is_a_reason_not_a_pass() {
     let e = b.supports("p", &c).unwrap_err();
     assert!(e.contains("block_v=100"), "{e}");
 }
+
+#[test]
+fn the_vmem_estimate_gates_blocks_and_vmem_limit_bytes_raises_it() {
+    // (256, 2048) f32 blocks: the kernel's VMEM estimate (17.6 MB) exceeds the default
+    // 16 MiB budget, so the block is declared unsupported with the estimate; with
+    // vmem_limit_bytes = 32 MiB the estimate fits and libtpu really compiles it for v6e.
+    let c = parse_fixed("b: 1, t: 4096, v: 151936, dtype: f32").unwrap();
+    let b = backend(
+        "v6e:2x2",
+        "[{id: pallas_logits, name: small, options: {block_rows: 256, block_v: 2048}}, {id: pallas_logits, name: raised, options: {block_rows: 256, block_v: 2048, vmem_limit_bytes: 33554432}, max_peak_over_floor: 1.05}]",
+    );
+    b.prepare(&[("small", &c), ("raised", &c)]).unwrap();
+    let e = b.supports("small", &c).unwrap_err();
+    assert!(e.contains("estimated VMEM working set") && e.contains("16777216 B budget"), "{e}");
+    b.supports("raised", &c).unwrap();
+    let o = run_trial(&b, "raised", &c, None, &RunOptions { warmup: 0, repeats: 0 });
+    assert_eq!(o.verdict, Verdict::Pass, "{}", o.failure_text());
+}

@@ -119,6 +119,26 @@ impl Case {
         }
     }
 
+    /// Host memory the suite itself needs for this case (inputs, oracle, one set of
+    /// outputs), in bytes; `None` when the count overflows. Logits level: the f32 logits
+    /// and the f32 dlogits (the oracle streams rows). Fused level: f32 hidden and
+    /// lm_head, the oracle's f64 dhidden and dlm_head, f32 outputs of both.
+    pub fn host_bytes_needed(&self) -> Option<u64> {
+        let s = &self.shape;
+        let rows = (s.b as u64).checked_mul(s.t as u64)?;
+        let small = rows.checked_mul(64)?; // per-token vectors of inputs, oracle and outputs
+        let big = match self.level {
+            Level::Logits => rows.checked_mul(s.v as u64)?.checked_mul(8)?,
+            Level::Fused => {
+                let h = s.h.unwrap_or(0) as u64;
+                let elems = rows.checked_mul(h)?.checked_add(h.checked_mul(s.v as u64)?)?;
+                // The fused oracle also forms one f64 logits row per token at a time.
+                elems.checked_mul(4 + 8 + 4)?.checked_add((s.v as u64).checked_mul(8 * 64)?)?
+            }
+        };
+        big.checked_add(small)
+    }
+
     /// Checks the combination is meaningful; the message says what is wrong.
     pub fn validate(&self) -> Result<(), String> {
         self.knobs.validate()?;
@@ -131,6 +151,9 @@ impl Case {
         }
         if s.v > i32::MAX as usize {
             return Err(format!("v={} does not fit chosen_ids (i32)", s.v));
+        }
+        if self.host_bytes_needed().is_none() {
+            return Err(format!("b·t·v (and h) = {}·{}·{}{} overflows 64-bit byte counts", s.b, s.t, s.v, s.h.map(|h| format!("·{h}")).unwrap_or_default()));
         }
         match (self.level, s.h) {
             (Level::Logits, Some(h)) => {

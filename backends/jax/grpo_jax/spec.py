@@ -1,4 +1,4 @@
-"""The loss contract's vocabulary (see /work/shared/SPEC.md): knobs, problem shapes,
+"""The loss contract's vocabulary (see docs/spec.md): knobs, problem shapes,
 dtype names, and the names/shapes/dtypes of every input and output.
 
 Everything here is plain data; nothing traces or compiles. ``normalize_request``

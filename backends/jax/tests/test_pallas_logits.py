@@ -346,3 +346,14 @@ def test_new_options_validated_and_vmem_limit_used(tmp_path):
     text = export.export_function(built.fn, built.problem).mlir_module()
     # The limit reaches both Mosaic calls as their scoped VMEM config.
     assert text.count(f"\\22size\\22: {96 << 20}}}]") == 2
+
+
+def test_f16_is_unsupported_on_tpu_but_runs_interpreted():
+    # Mosaic (libtpu 0.0.42.1, v5e and v6e) cannot load f16 vectors: the tpu-aot compile
+    # failed with "Invalid vector type for load"; declared unsupported, never silent.
+    problem = Problem("logits", 2, 8, 2049, None, "f16", platform="tpu")
+    options = get("pallas_logits").default_options
+    reason = pallas_logits.extra_check(problem, Knobs(), options)
+    assert reason and "f16" in reason and "Invalid vector type for load" in reason
+    cpu = Problem("logits", 2, 8, 2049, None, "f16", platform="cpu")
+    assert pallas_logits.extra_check(cpu, Knobs(), options) is None

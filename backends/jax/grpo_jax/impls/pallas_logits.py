@@ -111,9 +111,10 @@ def tpu_default_layout(shape, dtype: str) -> str:
     XLA:TPU picks the "compact" layout: the dimension order whose tiled size is least,
     where the minor dim is padded to 128 lanes and the second-minor dim to its tile rows
     (the next power of two up to 8, at least 2 for 16-bit types); ties go to the order
-    closest to row-major (the lexicographically largest minor_to_major). Verified against
-    libtpu 0.0.42.1 (v5e and v6e) for 1964 shapes (B 1..32, T 1..2048, V 33..151936,
-    f32/bf16/f16) and the suite's nightly shapes; see target/hbm_probe.py.
+    closest to row-major (the lexicographically largest minor_to_major). An empirical rule:
+    it matches libtpu 0.0.42.1 (v5e and v6e agree) on all 2008 shapes of
+    tests/data/tpu_default_layouts.txt (B 1..32, T 1..2048, V 33..151936, f32/bf16/f16,
+    plus large-B and the suite's nightly shapes). A wrong guess costs copies, not results.
     """
     itemsize = _ITEMSIZE[dtype]
     best = None
@@ -350,6 +351,10 @@ def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[st
         return None  # plain HLO: any block shape works
     if p.platform != "tpu":
         return f"Mosaic (interpret=false) needs platform tpu, not {p.platform!r}"
+    if p.dtype == "f16":
+        # Measured with libtpu 0.0.42.1 (tpu-aot, v5e and v6e): "Mosaic failed to compile
+        # TPU kernel: Invalid vector type for load" on the f16 logits block.
+        return "Mosaic cannot load f16 vectors on TPU v5e/v6e (\"Invalid vector type for load\")"
     plan = make_plan(p, options)
     bad = []
     rank = len(plan.shape)
