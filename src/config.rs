@@ -38,6 +38,10 @@ pub struct Config {
     /// Untimed warm-up executions per trial.
     #[serde(default = "default_warmup")]
     pub warmup: usize,
+    /// Seconds one trial of `grpo-suite run` may take before its worker process is
+    /// killed and the trial recorded as timed out.
+    #[serde(default = "default_trial_timeout")]
+    pub trial_timeout_s: u64,
     /// Backends by name, each with its own settings.
     pub backends: BackendsConfig,
     /// Known failures: the trials run, a failure is reported as expected, a pass fails the run.
@@ -53,6 +57,9 @@ fn default_repeats() -> usize {
 }
 fn default_warmup() -> usize {
     1
+}
+fn default_trial_timeout() -> u64 {
+    3600
 }
 
 /// A known, tracked failure (wasmtime's `should_fail` discipline): the matching trials

@@ -73,3 +73,31 @@ impl RecordWriter {
         Ok(())
     }
 }
+
+/// What [`read`] found in a record file.
+#[derive(Debug, Default)]
+pub struct ReadBack {
+    /// Every complete, readable trial line, in file order.
+    pub outcomes: Vec<TrialOutcome>,
+    /// A last line cut short (a crash while writing it): tolerated, reported here.
+    pub truncated_last_line: Option<usize>,
+}
+
+/// Reads a JSONL record file back. A truncated *last* line is tolerated (and reported);
+/// an unreadable line elsewhere is an error naming the file and line.
+pub fn read(path: &Path) -> Result<ReadBack> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read record file {}", path.display()))?;
+    let lines: Vec<&str> = text.lines().collect();
+    let mut back = ReadBack::default();
+    for (k, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<TrialOutcome>(line) {
+            Ok(o) => back.outcomes.push(o),
+            Err(_) if k + 1 == lines.len() && !text.ends_with('\n') => back.truncated_last_line = Some(k + 1),
+            Err(e) => anyhow::bail!("{}:{}: unreadable record line: {e}", path.display(), k + 1),
+        }
+    }
+    Ok(back)
+}

@@ -125,7 +125,7 @@ pub enum TrialKind {
 }
 
 /// A trial's full result (one record line).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrialOutcome {
     /// The trial's name (`backend/implementation/case`, `golden/case`, `should-fail/...`).
     pub name: String,

@@ -68,7 +68,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Run(args) => run_cmd::run(&matrix, args),
+        Command::Run(args) => run_cmd::run(&matrix, &cli.cases, args),
         Command::Golden { action } => golden_cmd::run(&matrix, action),
         Command::Inputs { case_id, out } => {
             let case = matrix.get(&case_id).with_context(|| {

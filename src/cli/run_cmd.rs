@@ -1,16 +1,29 @@
 //! `grpo-suite run`: the suite's trial list (the same one `cargo test` runs), progress,
 //! a closing table and a JSONL record of every trial.
+//!
+//! By default trials run in a worker process (this binary, `run --worker FILE`), which the
+//! parent supervises: a plugin that segfaults, aborts or hangs takes down the worker, not
+//! the run. The parent records that trial as an error (the signal and the worker's last
+//! stderr lines, or "timed out"), starts a new worker for the remaining trials, and every
+//! result measured so far is already in the records. `--resume RECORDS` skips the trials
+//! a record file already has.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use grpo_conformance::backends::RunOptions;
 use grpo_conformance::cases::{Matrix, Suite};
 use grpo_conformance::config::Config;
-use grpo_conformance::records::RecordWriter;
-use grpo_conformance::runner::{CaseCache, TrialOutcome};
+use grpo_conformance::records::{self, RecordWriter};
+use grpo_conformance::runner::{CaseCache, TrialKind, TrialOutcome, Verdict};
 use grpo_conformance::trials::{Plan, Selection, Tally};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::path::PathBuf;
+use std::collections::{HashSet, VecDeque};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Arguments of `run`.
 #[derive(Debug, Args)]
@@ -44,6 +57,19 @@ pub struct RunArgs {
     /// Print the selected trial names and exit (nothing is exported or run).
     #[arg(long)]
     pub list: bool,
+    /// Skip the trials this record file already has and append the rest to it.
+    #[arg(long, value_name = "RECORDS")]
+    pub resume: Option<PathBuf>,
+    /// Seconds one trial may take before its worker is killed and the trial recorded as
+    /// timed out (default: the config's `trial_timeout_s`).
+    #[arg(long)]
+    pub trial_timeout: Option<u64>,
+    /// Run the trials in this process (a crash or hang ends the run).
+    #[arg(long)]
+    pub no_isolate: bool,
+    /// Internal: run the trials named in FILE in this process, as a supervised worker.
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub worker: Option<PathBuf>,
 }
 
 fn fmt_s(s: Option<f64>) -> String {
@@ -55,9 +81,13 @@ fn fmt_s(s: Option<f64>) -> String {
     }
 }
 
+const START: &str = "@@grpo-start ";
+const DONE: &str = "@@grpo-done ";
+
 /// Runs the trials.
-pub fn run(matrix: &Matrix, args: RunArgs) -> Result<()> {
-    let config = Config::load(&Config::path_for(args.config.as_deref(), args.suite)?)?;
+pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
+    let config_path = Config::path_for(args.config.as_deref(), args.suite)?;
+    let config = Config::load(&config_path)?;
     let known = config.backends.names();
     for b in &args.backends {
         if !known.contains(b) {
@@ -78,6 +108,10 @@ pub fn run(matrix: &Matrix, args: RunArgs) -> Result<()> {
         implementations: args.impls.clone(),
         ..Default::default()
     });
+    let opts = RunOptions { warmup: args.warmup.unwrap_or(config.warmup), repeats: args.repeats.unwrap_or(config.repeats) };
+    if let Some(file) = &args.worker {
+        return worker(plan, file, &args, &opts);
+    }
     if plan.trials.is_empty() {
         bail!("no trial of suite {} matches the selection: nothing would be checked", args.suite);
     }
@@ -94,34 +128,276 @@ pub fn run(matrix: &Matrix, args: RunArgs) -> Result<()> {
     if scale != 1.0 {
         eprintln!("note: {}={scale}: every tolerance is multiplied by {scale}", grpo_conformance::env::TOL_SCALE);
     }
-    let opts = RunOptions { warmup: args.warmup.unwrap_or(config.warmup), repeats: args.repeats.unwrap_or(config.repeats) };
-    let path = args.records.clone().unwrap_or_else(|| {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        grpo_conformance::repo_root().join("records").join(format!("{}-{t}.jsonl", args.suite))
-    });
-    let mut rec = RecordWriter::open(&path)?;
-    let pb = ProgressBar::new(plan.trials.len() as u64);
+    let path = match (&args.resume, &args.records) {
+        (Some(r), Some(p)) if r != p => bail!("--resume {} and --records {} name different files", r.display(), p.display()),
+        (Some(r), _) => r.clone(),
+        (None, Some(p)) => p.clone(),
+        (None, None) => {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            grpo_conformance::repo_root().join("records").join(format!("{}-{t}.jsonl", args.suite))
+        }
+    };
+    let mut previous: Vec<TrialOutcome> = Vec::new();
+    if let Some(r) = &args.resume {
+        let back = records::read(r)?;
+        if let Some(line) = back.truncated_last_line {
+            eprintln!("note: {}:{line}: the last record line is cut short (a crash while writing it); that trial runs again", r.display());
+            truncate_last_line(r)?;
+        }
+        let wanted: HashSet<String> = plan.names().into_iter().collect();
+        previous = back.outcomes.into_iter().filter(|o| wanted.contains(&o.name)).collect();
+        let done: HashSet<String> = previous.iter().map(|o| o.name.clone()).collect();
+        eprintln!("resuming: {} of {} trials already recorded in {}", done.len(), plan.trials.len(), r.display());
+        plan.trials.retain(|t| !done.contains(&t.name));
+    }
+    let total = plan.trials.len();
+    let pb = ProgressBar::new(total as u64);
     pb.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {wide_msg}").unwrap());
-    pb.set_message("preparing (export)");
+    let timeout = Duration::from_secs(args.trial_timeout.unwrap_or(config.trial_timeout_s).max(1));
+    let names: Vec<String> = plan.names();
+    if args.no_isolate {
+        in_process(&plan, &path, args.suite, &opts, &pb)?;
+    } else {
+        supervise(&names, &path, cases_dir, &config_path, &args, &opts, timeout, &pb)?;
+    }
+    pb.finish_and_clear();
+    // The table and the tally come from the records: what the file says is what happened.
+    let back = records::read(&path)?;
+    let this_run: HashSet<&String> = names.iter().collect();
+    let mut outcomes = previous;
+    outcomes.extend(back.outcomes.into_iter().filter(|o| this_run.contains(&o.name)));
+    summarize(&outcomes, &plan, scale, &path)
+}
+
+/// Runs every trial of `plan` here, writing records (and the worker protocol lines when
+/// `protocol`).
+fn execute_all(plan: &Plan, path: &Path, suite: Suite, opts: &RunOptions, pb: Option<&ProgressBar>, protocol: bool) -> Result<()> {
+    let mut rec = RecordWriter::open(path)?;
+    if let Some(pb) = pb {
+        pb.set_message("preparing (export)");
+    }
     for (b, e) in plan.prepare() {
-        pb.suspend(|| eprintln!("ERROR {b}: preparing failed: {e}"));
+        eprintln!("ERROR {b}: preparing failed: {e}");
     }
     let cache = CaseCache::default();
     plan.announce(&cache);
-    let mut outcomes: Vec<TrialOutcome> = Vec::new();
+    let mut out = std::io::stdout();
     for t in &plan.trials {
-        pb.set_message(t.name.clone());
-        let o = plan.execute(t, &cache, &opts);
-        rec.write(args.suite.name(), &o)?;
-        if !o.verdict.is_ok() {
-            pb.suspend(|| eprintln!("{} {}\n  {}", o.verdict.label(), o.name, o.failure_text().replace('\n', "\n  ")));
+        if protocol {
+            writeln!(out, "{START}{}", t.name)?;
+            out.flush()?;
         }
-        outcomes.push(o);
-        pb.inc(1);
+        if let Some(pb) = pb {
+            pb.set_message(t.name.clone());
+        }
+        let o = plan.execute(t, &cache, opts);
+        rec.write(suite.name(), &o)?;
+        if !o.verdict.is_ok() {
+            let text = format!("{} {}\n  {}", o.verdict.label(), o.name, o.failure_text().replace('\n', "\n  "));
+            match pb {
+                Some(pb) => pb.suspend(|| eprintln!("{text}")),
+                None => eprintln!("{text}"),
+            }
+        }
+        if protocol {
+            writeln!(out, "{DONE}{}", t.name)?;
+            out.flush()?;
+        }
+        if let Some(pb) = pb {
+            pb.inc(1);
+        }
     }
-    pb.finish_and_clear();
-    print_table(&outcomes);
-    let t = Tally::of(&outcomes);
+    Ok(())
+}
+
+fn in_process(plan: &Plan, path: &Path, suite: Suite, opts: &RunOptions, pb: &ProgressBar) -> Result<()> {
+    execute_all(plan, path, suite, opts, Some(pb), false)
+}
+
+/// The worker side: exactly the trials named in `file`, in that order.
+fn worker(mut plan: Plan, file: &Path, args: &RunArgs, opts: &RunOptions) -> Result<()> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let wanted: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+    let set: HashSet<&str> = wanted.iter().copied().collect();
+    plan.trials.retain(|t| set.contains(t.name.as_str()));
+    let order: std::collections::HashMap<&str, usize> = wanted.iter().enumerate().map(|(k, n)| (*n, k)).collect();
+    plan.trials.sort_by_key(|t| order[t.name.as_str()]);
+    let path = args.records.as_ref().context("a worker needs --records")?;
+    execute_all(&plan, path, args.suite, opts, None, true)
+}
+
+/// Supervises worker processes until every trial is recorded.
+#[allow(clippy::too_many_arguments)]
+fn supervise(
+    names: &[String],
+    path: &Path,
+    cases_dir: &Path,
+    config_path: &Path,
+    args: &RunArgs,
+    opts: &RunOptions,
+    timeout: Duration,
+    pb: &ProgressBar,
+) -> Result<()> {
+    let mut remaining: VecDeque<String> = names.iter().cloned().collect();
+    let dir = tempfile_dir()?;
+    let list = dir.join("trials.txt");
+    let exe = std::env::current_exe().context("cannot find this binary to start a worker")?;
+    while !remaining.is_empty() {
+        std::fs::write(&list, remaining.iter().map(|n| format!("{n}\n")).collect::<String>())?;
+        let mut cmd = Command::new(&exe);
+        cmd.arg("--cases")
+            .arg(cases_dir)
+            .args(["run", "--suite", args.suite.name(), "--config"])
+            .arg(config_path)
+            .arg("--records")
+            .arg(path)
+            .args(["--repeats", &opts.repeats.to_string(), "--warmup", &opts.warmup.to_string()])
+            .arg("--worker")
+            .arg(&list)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().context("cannot start a worker process")?;
+        let tail: Arc<Mutex<VecDeque<String>>> = Arc::new(Mutex::new(VecDeque::new()));
+        let stderr = child.stderr.take().context("worker stderr")?;
+        let (tail2, pb2) = (tail.clone(), pb.clone());
+        let err_thread = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                pb2.suspend(|| eprintln!("{line}"));
+                let mut t = tail2.lock().unwrap();
+                t.push_back(line);
+                if t.len() > 12 {
+                    t.pop_front();
+                }
+            }
+        });
+        let stdout = child.stdout.take().context("worker stdout")?;
+        let (tx, rx) = channel::<String>();
+        let out_thread = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut current: Option<(String, Instant)> = None;
+        let mut timed_out = false;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) => {
+                    if let Some(n) = line.strip_prefix(START) {
+                        pb.set_message(n.to_string());
+                        current = Some((n.to_string(), Instant::now()));
+                    } else if let Some(n) = line.strip_prefix(DONE) {
+                        remaining.retain(|r| r != n);
+                        current = None;
+                        pb.inc(1);
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Some((_, since)) = &current {
+                        if since.elapsed() > timeout {
+                            child.kill().ok();
+                            timed_out = true;
+                            break;
+                        }
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let status = child.wait().context("waiting for the worker")?;
+        out_thread.join().ok();
+        err_thread.join().ok();
+        let last: Vec<String> = tail.lock().unwrap().iter().cloned().collect();
+        if status.success() && !timed_out {
+            if !remaining.is_empty() {
+                bail!("the worker finished without running {} trials (first: {})", remaining.len(), remaining[0]);
+            }
+            break;
+        }
+        let how = if timed_out {
+            format!("timed out after {} s (trial_timeout_s); the worker was killed", timeout.as_secs())
+        } else {
+            format!("the worker process died: {}", describe_exit(&status))
+        };
+        let detail = if last.is_empty() { String::new() } else { format!("\nlast stderr lines of the worker:\n{}", last.join("\n")) };
+        match current {
+            Some((name, _)) => {
+                record_crash(path, args.suite, &name, &format!("{how}{detail}"))?;
+                pb.suspend(|| eprintln!("ERROR {name}\n  {how}"));
+                remaining.retain(|r| r != &name);
+                pb.inc(1);
+            }
+            None => {
+                // Died outside any trial (start-up, export): nothing can be blamed on one
+                // trial, and retrying would die the same way.
+                for name in remaining.drain(..) {
+                    record_crash(path, args.suite, &name, &format!("{how} before this trial started{detail}"))?;
+                    pb.inc(1);
+                }
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("grpo-suite-{}", std::process::id()));
+    std::fs::create_dir_all(&d).with_context(|| format!("cannot create {}", d.display()))?;
+    Ok(d)
+}
+
+fn describe_exit(status: &std::process::ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            let name = match sig {
+                4 => "SIGILL",
+                6 => "SIGABRT",
+                7 => "SIGBUS",
+                8 => "SIGFPE",
+                9 => "SIGKILL",
+                11 => "SIGSEGV",
+                15 => "SIGTERM",
+                _ => "signal",
+            };
+            return format!("killed by {name} ({sig})");
+        }
+    }
+    format!("{status}")
+}
+
+/// Records an error for a trial the worker could not report itself.
+fn record_crash(path: &Path, suite: Suite, name: &str, why: &str) -> Result<()> {
+    let mut parts = name.splitn(3, '/');
+    let (kind, b, i, c) = match name.split('/').next() {
+        Some("golden") => (TrialKind::Golden, "golden".to_string(), "oracle".to_string(), name["golden/".len()..].to_string()),
+        Some("should-fail") => (TrialKind::ShouldFail, "reference".into(), name["should-fail/".len()..].to_string(), "*".into()),
+        _ => (
+            TrialKind::Run,
+            parts.next().unwrap_or("").to_string(),
+            parts.next().unwrap_or("").to_string(),
+            parts.next().unwrap_or("").to_string(),
+        ),
+    };
+    let mut o = TrialOutcome::new(name.to_string(), kind, &b, &i, &c);
+    o.verdict = Verdict::Error(why.to_string());
+    RecordWriter::open(path)?.write(suite.name(), &o)
+}
+
+/// Drops a cut-short last line so appended records start on a line of their own.
+fn truncate_last_line(path: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(path)?;
+    let keep = text.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    std::fs::write(path, &text[..keep]).with_context(|| format!("cannot rewrite {}", path.display()))
+}
+
+fn summarize(outcomes: &[TrialOutcome], plan: &Plan, scale: f64, path: &Path) -> Result<()> {
+    print_table(outcomes);
+    let t = Tally::of(outcomes);
     let mut line = format!("\n{} passed, {} failed, {} errors, {} ignored", t.passed, t.failed, t.errors, t.ignored);
     if t.expected_fail + t.unexpected_pass > 0 {
         line.push_str(&format!(", {} expected failures, {} unexpected passes", t.expected_fail, t.unexpected_pass));
@@ -129,7 +405,7 @@ pub fn run(matrix: &Matrix, args: RunArgs) -> Result<()> {
     if scale != 1.0 {
         line.push_str(&format!("; TOLERANCES SCALED ×{scale}"));
     }
-    println!("{line}; records: {}", rec.path().display());
+    println!("{line}; records: {}", path.display());
     if !plan.unavailable.is_empty() {
         println!(
             "unavailable backends (their trials are ignored): {}",
@@ -160,9 +436,8 @@ fn print_table(outcomes: &[TrialOutcome]) {
                 Some(t) => fmt_s(t.median_s()),
                 None => "-".into(),
             };
-            let what = o.verdict.label();
             let trial = o.name.strip_suffix(&format!("/{}", o.case)).unwrap_or(&o.name).to_string();
-            [o.case.clone(), trial, what, worst, time, peak]
+            [o.case.clone(), trial, o.verdict.label(), worst, time, peak]
         })
         .collect();
     let head = ["case", "trial", "verdict", "worst error / budget", "median", "peak"];

@@ -18,7 +18,7 @@ use serde::Serialize;
 pub use tiers::{tolerance, Tolerance};
 
 /// The verdict of one output.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct GateReport {
     /// Which output.
     pub output: OutputName,
@@ -31,7 +31,7 @@ pub struct GateReport {
     /// Elements compared.
     pub compared: usize,
     /// The bounds applied.
-    #[serde(skip)]
+    #[serde(skip, default)]
     pub tolerance: Tolerance,
     /// `tier/dtype` the bounds came from.
     pub tier: String,

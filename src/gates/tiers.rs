@@ -18,7 +18,7 @@ use crate::spec::{DType, OutputName};
 /// Bounds of one (tier, dtype, output): pass iff
 /// ‖out−ref‖₂ ≤ norm_rel·‖ref‖₂ + floor·‖scale‖₂ and, for every element,
 /// |out_i−ref_i| ≤ max_rel·‖ref‖∞ + floor·scale_i.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Tolerance {
     /// Norm-wise relative bound.
     pub norm_rel: f64,

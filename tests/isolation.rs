@@ -1,0 +1,121 @@
+//! Crash isolation, time limits and resume of `grpo-suite run`: a fake PJRT plugin (a tiny
+//! shared library built here with the C compiler) aborts the process the first time it is
+//! loaded and hangs the second time. The run must complete, report both trials (the
+//! signal, "timed out"), and record every other trial.
+
+#![cfg(all(unix, feature = "pjrt"))]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const FAKE_PLUGIN: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+/* Each load bumps a counter in $FAKE_PJRT_STATE: 1st load aborts, 2nd hangs, later ones
+   return NULL (the binding's ordinary "GetPjrtApi returned null" error). */
+void* GetPjrtApi(void) {
+    const char* path = getenv("FAKE_PJRT_STATE");
+    int n = 0;
+    FILE* f = path ? fopen(path, "r") : NULL;
+    if (f) { if (fscanf(f, "%d", &n) != 1) n = 0; fclose(f); }
+    f = path ? fopen(path, "w") : NULL;
+    if (f) { fprintf(f, "%d\n", n + 1); fclose(f); }
+    if (n == 0) { fprintf(stderr, "fake plugin: aborting on purpose\n"); abort(); }
+    if (n == 1) { fprintf(stderr, "fake plugin: hanging on purpose\n"); for (;;) sleep(1); }
+    return NULL;
+}
+"#;
+
+fn build_fake_plugin(dir: &Path) -> PathBuf {
+    let src = dir.join("fake.c");
+    std::fs::write(&src, FAKE_PLUGIN).unwrap();
+    let so = dir.join("fake_pjrt.so");
+    let o = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&src).output().expect("a C compiler (cc)");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    so
+}
+
+fn run(dir: &Path, so: &Path, extra: &[&str]) -> Output {
+    let cfg = dir.join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "trial_timeout_s: 3\nbackends:\n  reference: {{implementations: [oracle]}}\n  pjrt-cpu: {{plugin: {}, implementations: [jax_baseline]}}\n",
+            so.display()
+        ),
+    )
+    .unwrap();
+    Command::new(env!("CARGO_BIN_EXE_grpo-suite"))
+        .args(["run", "--suite", "smoke", "--config"])
+        .arg(&cfg)
+        .args(extra)
+        .env("FAKE_PJRT_STATE", dir.join("state"))
+        .env_remove("GRPO_REQUIRE_BACKENDS")
+        .output()
+        .unwrap()
+}
+
+fn records(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn a_crash_and_a_hang_are_contained_and_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let so = build_fake_plugin(dir.path());
+    let rec = dir.path().join("r.jsonl");
+    let o = run(dir.path(), &so, &["--records", rec.to_str().unwrap()]);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.status.code(), Some(2), "the run must fail (errors), not crash\n{out}\n{err}");
+    let lines = records(&rec);
+    let smoke = String::from_utf8(
+        Command::new(env!("CARGO_BIN_EXE_grpo-suite")).args(["cases", "--suite", "smoke"]).output().unwrap().stdout,
+    )
+    .unwrap()
+    .lines()
+    .count();
+    // Every trial is recorded exactly once: oracle + jax_baseline + golden per case.
+    assert_eq!(lines.len(), 3 * smoke, "{out}\n{err}");
+    let mut names: Vec<&str> = lines.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 3 * smoke);
+    let pjrt: Vec<&serde_json::Value> = lines.iter().filter(|l| l["backend"] == "pjrt-cpu").collect();
+    let reason = |l: &serde_json::Value| l["reason"].as_str().unwrap_or("").to_string();
+    assert!(pjrt.iter().all(|l| l["verdict"] == "error"), "{pjrt:?}");
+    let crashed: Vec<_> = pjrt.iter().filter(|l| reason(l).contains("SIGABRT")).collect();
+    let hung: Vec<_> = pjrt.iter().filter(|l| reason(l).contains("timed out after 3 s")).collect();
+    assert_eq!(crashed.len(), 1, "{pjrt:?}");
+    assert!(reason(crashed[0]).contains("fake plugin: aborting on purpose"), "the worker's last stderr lines: {}", reason(crashed[0]));
+    assert_eq!(hung.len(), 1, "{pjrt:?}");
+    assert!(pjrt.iter().filter(|l| reason(l).contains("GetPjrtApi returned null")).count() == smoke - 2);
+    // The reference trials and golden checks all ran and passed.
+    assert!(lines.iter().filter(|l| l["backend"] != "pjrt-cpu").all(|l| l["verdict"] == "pass"));
+    assert!(out.contains(&format!("{} passed, 0 failed, {smoke} errors", 2 * smoke)), "{out}");
+}
+
+#[test]
+fn resume_skips_recorded_trials_and_tolerates_a_cut_last_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let so = build_fake_plugin(dir.path());
+    // Only the reference backend's trials: a quick, green run.
+    let rec = dir.path().join("r.jsonl");
+    let o = run(dir.path(), &so, &["--records", rec.to_str().unwrap(), "--backend", "reference"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let full = std::fs::read_to_string(&rec).unwrap();
+    let n = full.lines().count();
+    // Keep the first two lines and half of the third, as a crash while writing would.
+    let lines: Vec<&str> = full.lines().collect();
+    let cut = format!("{}\n{}\n{}", lines[0], lines[1], &lines[2][..lines[2].len() / 2]);
+    std::fs::write(&rec, cut).unwrap();
+    let o = run(dir.path(), &so, &["--resume", rec.to_str().unwrap(), "--backend", "reference"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains(":3: the last record line is cut short"), "{err}");
+    assert!(err.contains(&format!("resuming: 2 of {n} trials already recorded")), "{err}");
+    let after = records(&rec);
+    assert_eq!(after.len(), n, "each trial recorded once after the resume");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(&format!("{n} passed, 0 failed")), "{out}");
+}
