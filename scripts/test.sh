@@ -16,7 +16,7 @@ echo "== pytest backends/jax" >&2
 py=${PIPESTATUS[0]}
 echo "== cargo test" >&2
 export GRPO_REQUIRE_BACKENDS="${GRPO_REQUIRE_BACKENDS:-reference,pjrt-cpu,tpu-aot-v6e-2x2}"
-cargo test --workspace --release "$@" 2>&1 | tee -a "$log"
+cargo test --workspace --release --no-fail-fast "$@" 2>&1 | tee -a "$log"
 rs=${PIPESTATUS[0]}
 # The TPU execution path must keep building: with `--features tpu` the harness uses
 # configs/tpu.yaml, whose pjrt-tpu trials are ignored here (no chips) and run on a TPU VM.

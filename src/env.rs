@@ -41,14 +41,19 @@ pub const PJRT_PLUGIN: &str = "GRPO_PJRT_PLUGIN";
 pub const LIBTPU: &str = "GRPO_LIBTPU";
 /// Record file of the test harness.
 pub const RECORDS: &str = "GRPO_RECORDS";
+/// Allows a tolerance scale above [`MAX_TOL_SCALE`].
+pub const ALLOW_LOOSE: &str = "GRPO_ALLOW_LOOSE_TOLERANCES";
+/// The largest tolerance multiplier accepted without [`ALLOW_LOOSE`]: the `loose` tier's 10×.
+pub const MAX_TOL_SCALE: f64 = 10.0;
 
 /// The table (docs/environment.md is generated from the same rows and checked by a test).
 pub const VARS: &[Var] = &[
     Var { name: ROOT, meaning: "repository root: where `cases/`, `configs/`, `golden/` are found", default: "the working directory or its nearest ancestor with `cases/` and `configs/`, else the source directory the binary was built from", read_by: "everything" },
-    Var { name: CONFIG, meaning: "run configuration file", default: "`configs/nightly.yaml` for the nightly suite, else `configs/default.yaml`", read_by: "test harness, `grpo-suite run` (when `--config` is not given)" },
+    Var { name: CONFIG, meaning: "run configuration file", default: "`configs/nightly.yaml` for the nightly suite, else `configs/tpu.yaml` in a `--features tpu` build, else `configs/default.yaml`", read_by: "test harness, `grpo-suite run` (when `--config` is not given)" },
     Var { name: SUITE, meaning: "suite of the test harness: smoke, ci, nightly or full", default: "`ci`", read_by: "test harness" },
-    Var { name: REQUIRE_BACKENDS, meaning: "comma-separated backends that must be available: an unavailable one is a failing trial instead of an ignored one", default: "none (`scripts/test.sh` sets `reference,pjrt-cpu,tpu-aot`)", read_by: "test harness, `grpo-suite run`" },
+    Var { name: REQUIRE_BACKENDS, meaning: "comma-separated backends that must be available: an unavailable one is a failing trial instead of an ignored one", default: "none (`scripts/test.sh` sets `reference,pjrt-cpu,tpu-aot-v6e-2x2`)", read_by: "test harness, `grpo-suite run`" },
     Var { name: TOL_SCALE, meaning: "multiplies every tolerance (a finite number > 0; 0.1 is a stricter run); shown in the summary and in every record when ≠ 1", default: "1", read_by: "gates" },
+    Var { name: ALLOW_LOOSE, meaning: "`1`: accept a `GRPO_TOL_SCALE` above 10 (a run that loosens every gate that much is otherwise refused)", default: "unset", read_by: "gates" },
     Var { name: BLESS, meaning: "`1`: the harness rewrites golden files instead of checking them", default: "unset (check)", read_by: "test harness" },
     Var { name: PYTHON, meaning: "Python interpreter that runs the exporter (`grpo_jax`)", default: "`.venv/bin/python`", read_by: "PJRT backends, `scripts/setup.sh`" },
     Var { name: ARTIFACTS, meaning: "cache directory of exported modules", default: "`target/grpo-artifacts`", read_by: "PJRT backends" },
@@ -126,11 +131,15 @@ pub fn require_backends() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `GRPO_TOL_SCALE`: a finite number > 0 (default 1).
+/// `GRPO_TOL_SCALE`: a finite number > 0 (default 1); above [`MAX_TOL_SCALE`] only with
+/// `GRPO_ALLOW_LOOSE_TOLERANCES=1`.
 pub fn tol_scale() -> Result<f64> {
     match raw(TOL_SCALE) {
         None => Ok(1.0),
         Some(s) => match s.trim().parse::<f64>() {
+            Ok(x) if x.is_finite() && x > MAX_TOL_SCALE && raw(ALLOW_LOOSE).as_deref() != Some("1") => bail!(
+                "{TOL_SCALE}={s} loosens every gate beyond the {MAX_TOL_SCALE}× maximum; set {ALLOW_LOOSE}=1 if you mean it"
+            ),
             Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
             _ => bail!("{TOL_SCALE}={s:?} is not a finite number > 0 (e.g. 0.1 for stricter gates); unset it for 1"),
         },
@@ -150,6 +159,10 @@ pub fn bless() -> Result<bool> {
 pub fn check_all() -> Result<()> {
     for (name, r) in [
         (CONFIG, config().map(|_| ())),
+        (ALLOW_LOOSE, match raw(ALLOW_LOOSE).as_deref() {
+            None | Some("1") | Some("0") => Ok(()),
+            Some(v) => Err(anyhow::anyhow!("{ALLOW_LOOSE}={v:?}: use 1 or unset it")),
+        }),
         (PYTHON, python().map(|_| ())),
         (ARTIFACTS, artifacts().map(|_| ())),
         (PJRT_PLUGIN, pjrt_plugin().map(|_| ())),

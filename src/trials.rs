@@ -190,6 +190,9 @@ impl Plan {
             }
         }
         let (ready, unavailable) = backends::available(config);
+        for b in &ready {
+            b.validate().map_err(|e| anyhow::anyhow!("{}: backend `{}`: {e:#}", config.origin, b.name()))?;
+        }
         let by_name: HashMap<String, Arc<dyn Backend>> = ready.iter().map(|b| (b.name().to_string(), b.clone())).collect();
         let names = config.backends.names();
 
@@ -209,6 +212,9 @@ impl Plan {
             }
         }
 
+        if names.iter().all(|b| configured_implementations(config, b).is_empty()) {
+            bail!("{}: the configuration selects no implementation (no backend, or every entry disabled): nothing would be checked", config.origin);
+        }
         let cases: Vec<Arc<Case>> = matrix.suite(suite).into_iter().cloned().map(Arc::new).collect();
         let mut trials = Vec::new();
         for b in &names {

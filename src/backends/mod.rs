@@ -140,6 +140,12 @@ pub trait Backend: Send + Sync {
     /// Runs one implementation on one case.
     fn run(&self, implementation: &str, case: &Case, inputs: &Inputs, opts: &RunOptions) -> Result<RunResult>;
 
+    /// Checks the configured implementations (ids, options) before anything runs; the
+    /// error names each bad entry. Default: nothing to check.
+    fn validate(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// False for compile-only backends: no outputs, so no inputs or oracle are prepared
     /// and no output gates are judged (memory budgets are).
     fn executes(&self) -> bool {

@@ -136,18 +136,45 @@ def list_impls() -> list[dict]:
     return rows
 
 
+def check_config(entries: list) -> list[dict]:
+    """Checks configured implementations without exporting: each entry ``{name, impl,
+    impl_options}`` -> ``{name, ok, error}`` (unknown id, unknown option, bad value)."""
+    from .impls import IMPLEMENTATIONS
+    from .spec import RequestError
+    out = []
+    for e in entries:
+        name, impl_id = e.get("name", e.get("impl")), e.get("impl")
+        impl = IMPLEMENTATIONS.get(impl_id)
+        if impl is None:
+            out.append({"name": name, "ok": False,
+                        "error": f"unknown implementation id {impl_id!r}; known: {sorted(IMPLEMENTATIONS)}"})
+            continue
+        try:
+            impl.check_options(e.get("impl_options") or {})
+            out.append({"name": name, "ok": True, "error": None})
+        except RequestError as exc:
+            out.append({"name": name, "ok": False, "error": str(exc)})
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_jax.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", help="JSONL file of requests ('-' for stdin)")
     parser.add_argument("--cache-dir", help="artifact cache directory")
     parser.add_argument("--list-impls", action="store_true", help="print the registry as JSON")
+    parser.add_argument("--check-config", action="store_true",
+                        help="read a JSON list of {name, impl, impl_options} on stdin and print "
+                             "one {name, ok, error} per entry (no export)")
     args = parser.parse_args(argv)
     real_stdout = sys.stdout
     sys.stdout = sys.stderr  # keep stray prints out of the result stream
     try:
         if args.list_impls:
             real_stdout.write(json.dumps(list_impls()) + "\n")
+            return 0
+        if args.check_config:
+            real_stdout.write(json.dumps(check_config(json.load(sys.stdin))) + "\n")
             return 0
         if not args.requests or not args.cache_dir:
             parser.error("--requests and --cache-dir are required")

@@ -227,3 +227,17 @@ def test_problem_of_normalised_request():
     p = problem_of(norm)
     assert (p.level, p.b, p.t, p.v, p.h, p.dtype, p.platform) == ("fused", 3, 8, 2049, 64, "bf16", "cpu")
     assert Knobs.from_json(norm["knobs"]).epsilon_high == 0.28
+
+
+def test_check_config_names_each_bad_entry():
+    from grpo_jax.export import check_config
+    out = check_config([
+        {"name": "a", "impl": "jax_baselin"},
+        {"name": "b", "impl": "pallas_logits", "impl_options": {"blockrows": 8}},
+        {"name": "c", "impl": "pallas_logits", "impl_options": {"block_rows": 0}},
+        {"name": "d", "impl": "pallas_logits_jaxbwd", "impl_options": {"block_rows": 8, "block_v": 512}},
+    ])
+    assert [o["ok"] for o in out] == [False, False, False, True]
+    assert "unknown implementation id 'jax_baselin'" in out[0]["error"]
+    assert "blockrows" in out[1]["error"]
+    assert "block_rows must be a positive integer" in out[2]["error"]

@@ -245,6 +245,83 @@ impl Exporter {
             .ok_or_else(|| anyhow!("exporter gave no answer for {} on {}", imp.display_name(), case.id))
     }
 
+    /// Checks configured implementations with the exporter's registry (ids, option names,
+    /// option values) without exporting; `Err` lists each bad entry as
+    /// "implementation `name`: why". Answers are cached on disk by the Python, the entries
+    /// and the package sources, so a run pays the jax import once.
+    pub fn check_config(&self, impls: &[ImplConfig]) -> Result<()> {
+        if impls.is_empty() {
+            return Ok(());
+        }
+        let entries: Vec<serde_json::Value> = impls
+            .iter()
+            .map(|i| serde_json::json!({"name": i.display_name(), "impl": i.id, "impl_options": i.options}))
+            .collect();
+        let body = serde_json::to_string(&entries)?;
+        let mut key_src = format!("{}\n{body}\n", self.python.display());
+        let pkg = crate::repo_root().join("backends/jax/grpo_jax");
+        let mut files = Vec::new();
+        let mut stack = vec![pkg];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "py") {
+                    files.push(p);
+                }
+            }
+        }
+        files.sort();
+        for f in &files {
+            key_src.push_str(&std::fs::read_to_string(f).unwrap_or_default());
+        }
+        let key = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(key_src.as_bytes()));
+        let cached = self.cache_dir.join(format!("config-check-{key}.json"));
+        let answer = match std::fs::read_to_string(&cached) {
+            Ok(t) => t,
+            Err(_) => {
+                let mut child = Command::new(&self.python)
+                    .args(["-m", "grpo_jax.export", "--check-config"])
+                    .env("JAX_PLATFORMS", "cpu")
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .with_context(|| format!("cannot start the exporter {}", self.python.display()))?;
+                child.stdin.take().context("exporter stdin")?.write_all(body.as_bytes())?;
+                let out = child.wait_with_output()?;
+                if !out.status.success() {
+                    bail!(
+                        "the exporter could not check the configuration: {}",
+                        String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("(no message)")
+                    );
+                }
+                let t = String::from_utf8(out.stdout).context("exporter output is not UTF-8")?;
+                std::fs::create_dir_all(&self.cache_dir).ok();
+                std::fs::write(&cached, &t).ok();
+                t
+            }
+        };
+        #[derive(Deserialize)]
+        struct Answer {
+            name: String,
+            ok: bool,
+            error: Option<String>,
+        }
+        let answers: Vec<Answer> = serde_json::from_str(answer.trim()).context("unreadable --check-config answer")?;
+        let bad: Vec<String> = answers
+            .into_iter()
+            .filter(|a| !a.ok)
+            .map(|a| format!("implementation `{}`: {}", a.name, a.error.unwrap_or_default()))
+            .collect();
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            bail!("{}", bad.join("; "))
+        }
+    }
+
     /// How many modules this exporter has answered for (what a filtered run exported).
     pub fn count(&self) -> usize {
         self.done.lock().unwrap().len()

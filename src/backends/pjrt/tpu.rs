@@ -107,6 +107,10 @@ mod imp {
             }
         }
 
+        fn validate(&self) -> Result<()> {
+            self.exporter.check_config(&self.impls)
+        }
+
         fn prepare(&self, work: &[(&str, &Case)]) -> Result<()> {
             let w: Vec<(&ImplConfig, &Case)> = work.iter().filter_map(|(n, c)| self.options(n).map(|o| (o, *c))).collect();
             self.exporter.ensure(&w)

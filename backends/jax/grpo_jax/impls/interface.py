@@ -21,6 +21,9 @@ Builder = Callable[[Problem, Knobs, Mapping[str, Any]], Callable[..., tuple]]
 # Optional extra check: returns an "unsupported" reason or None; may raise RequestError
 # for option values that are invalid (rather than merely unsupported).
 ExtraCheck = Callable[[Problem, Knobs, Mapping[str, Any]], Optional[str]]
+# Optional option validation without a case (raises RequestError): lets the Rust side
+# reject a bad option when the configuration loads, not at the first export.
+OptionCheck = Callable[[Mapping[str, Any]], None]
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Implementation:
     capabilities: Capabilities = field(default_factory=Capabilities)
     default_options: Mapping[str, Any] = field(default_factory=dict)
     extra_check: Optional[ExtraCheck] = None
+    validate_options: Optional[OptionCheck] = None
 
     def resolve_options(self, options: Mapping[str, Any]) -> dict:
         """Defaults merged with the request's ``impl_options``; unknown keys are errors."""
@@ -75,6 +79,13 @@ class Implementation:
                 f"unknown impl_options for {self.id}: {unknown} "
                 f"(known: {sorted(self.default_options)})")
         return {**self.default_options, **options}
+
+    def check_options(self, options: Mapping[str, Any]) -> dict:
+        """``resolve_options`` plus the implementation's own value checks (RequestError)."""
+        merged = self.resolve_options(options)
+        if self.validate_options is not None:
+            self.validate_options(merged)
+        return merged
 
     def support_reason(self, p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[str]:
         """None when this implementation runs the case, else the unsupported reason."""

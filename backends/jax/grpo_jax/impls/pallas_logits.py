@@ -554,6 +554,7 @@ IMPLEMENTATION = Implementation(
     capabilities=_CAPS,
     default_options={**_COMMON_OPTIONS, "bwd_impl": "pallas"},
     extra_check=extra_check,
+    validate_options=_validate_options,
 )
 
 IMPLEMENTATION_JAXBWD = Implementation(
@@ -563,4 +564,5 @@ IMPLEMENTATION_JAXBWD = Implementation(
     capabilities=_CAPS,
     default_options=dict(_COMMON_OPTIONS),
     extra_check=extra_check,
+    validate_options=_validate_options,
 )
