@@ -49,5 +49,19 @@ def main(d: pathlib.Path) -> int:
     return 0 if all(e <= 1e-6 for e in errs.values()) else 1
 
 
+def usage_error(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main(pathlib.Path(sys.argv[1])))
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        sys.exit(usage_error("usage: reproduce_case.py DIR  (DIR from `grpo-suite inputs CASE --out DIR`)"))
+    d = pathlib.Path(sys.argv[1])
+    if not (d / "case.json").is_file():
+        sys.exit(usage_error(f"{d} has no case.json: write one with `grpo-suite inputs CASE --out {d}`"))
+    try:
+        sys.exit(main(d))
+    except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError) as e:
+        sys.exit(usage_error(f"{d}: incomplete or unreadable case directory ({type(e).__name__}: {e}); "
+                             "write it again with `grpo-suite inputs`"))

@@ -300,3 +300,18 @@ fn implementation_typos_and_bad_options_are_config_errors() {
     let e = stderr(&run_with("backends:\n  reference: {implementations: [naive_f64]}\n", &["--suite", "smoke"], &[]).0);
     assert!(e.contains("no implementation `naive_f64`"), "{e}");
 }
+
+#[test]
+fn reproduce_case_errors_are_one_line() {
+    let py = repo_root().join(".venv/bin/python");
+    if !py.exists() {
+        return; // the inputs test above covers the set-up requirement
+    }
+    let script = repo_root().join("scripts/reproduce_case.py");
+    for (args, want) in [(vec![], "usage: reproduce_case.py DIR"), (vec!["/nonexistent/dir"], "/nonexistent/dir has no case.json")] {
+        let o = Command::new(&py).arg(&script).args(&args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let e = stderr(&o);
+        assert!(e.contains(want) && e.trim().lines().count() == 1 && !e.contains("Traceback"), "{e}");
+    }
+}

@@ -110,6 +110,13 @@ named_enum!(
         LeftPad = "left_pad",
         /// Each sequence ends with a random run of masked tokens.
         RightPad = "right_pad",
+        /// Like random, with hostile finite values where the mask is 0: old_logp and
+        /// ref_logp of ±1e4 (opposite signs), and the chosen token's logit 40 above its
+        /// value (logits level) or the token's hidden row scaled by 8 (fused level).
+        RandomHostile = "random_hostile",
+        /// Like right_pad, padded the way some pipelines pad: old_logp and ref_logp are −inf
+        /// where the mask is 0.
+        RightPadNeginf = "right_pad_neginf",
     }
 );
 

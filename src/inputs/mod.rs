@@ -20,6 +20,13 @@ pub const GENERATOR_VERSION: u32 = 1;
 
 /// Added to the chosen logit by the `spike` profile.
 pub const SPIKE: f32 = 25.0;
+/// |old_logp| and |ref_logp| at masked positions of the `random_hostile` mask.
+pub const HOSTILE_LOGP: f32 = 1e4;
+/// How far the chosen logit of a masked token is pushed (`random_hostile`, logits level).
+pub const HOSTILE_LOGIT_BUMP: f32 = 40.0;
+/// Scale of a masked token's hidden row (`random_hostile`, fused level).
+pub const HOSTILE_HIDDEN_SCALE: f32 = 8.0;
+
 /// Standard deviation of the log-ratio noise between old_logp and logp.
 pub const OLD_LOGP_NOISE: f64 = 0.3;
 /// Standard deviation of ref_logp around logp.
@@ -126,12 +133,30 @@ impl Inputs {
                 let i = b * s.t + t;
                 let keep = match case.mask {
                     MaskPattern::All => true,
-                    MaskPattern::Random => sm.uniform(i as u64) < 0.8,
+                    MaskPattern::Random | MaskPattern::RandomHostile => sm.uniform(i as u64) < 0.8,
                     MaskPattern::ZeroRow => b != 0 && sm.uniform(i as u64) < 0.8,
                     MaskPattern::LeftPad => t >= pad,
-                    MaskPattern::RightPad => t < s.t - pad,
+                    MaskPattern::RightPad | MaskPattern::RightPadNeginf => t < s.t - pad,
                 };
                 mask[i] = if keep { 1.0 } else { 0.0 };
+            }
+        }
+
+        // Hostile data where the mask is 0 (it must not matter): logits far from the rest.
+        if case.mask == MaskPattern::RandomHostile {
+            for i in (0..rows).filter(|&i| mask[i] == 0.0) {
+                match case.level {
+                    Level::Logits => {
+                        let j = i * s.v + chosen_ids[i] as usize;
+                        logits[j] = dt.round(logits[j] + HOSTILE_LOGIT_BUMP);
+                    }
+                    Level::Fused => {
+                        let h = s.h.expect("validated: fused has h");
+                        for x in &mut hidden[i * h..(i + 1) * h] {
+                            *x = dt.round(*x * HOSTILE_HIDDEN_SCALE);
+                        }
+                    }
+                }
             }
         }
 
@@ -183,6 +208,20 @@ impl Inputs {
             };
             inputs.old_logp[i] = (logp - log_r) as f32;
             inputs.ref_logp[i] = (logp + REF_LOGP_NOISE * sr.normal(i as u64)) as f32;
+            if inputs.mask[i] == 0.0 {
+                match case.mask {
+                    MaskPattern::RandomHostile => {
+                        let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
+                        inputs.old_logp[i] = sign * HOSTILE_LOGP;
+                        inputs.ref_logp[i] = -sign * HOSTILE_LOGP;
+                    }
+                    MaskPattern::RightPadNeginf => {
+                        inputs.old_logp[i] = f32::NEG_INFINITY;
+                        inputs.ref_logp[i] = f32::NEG_INFINITY;
+                    }
+                    _ => {}
+                }
+            }
         }
         inputs
     }
@@ -215,4 +254,40 @@ pub fn edge_targets(k: &crate::spec::Knobs) -> [f64; 7] {
     let lo = 1.0 - k.epsilon_low;
     let hi = 1.0 + k.epsilon_high;
     [lo, hi, k.delta.unwrap_or(1.0), lo * 0.999, lo * 1.001, hi * 0.999, hi * 1.001]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cases::parse_fixed;
+
+    #[test]
+    fn hostile_masks_put_hostile_values_only_where_the_mask_is_zero() {
+        let plain = Inputs::generate(&parse_fixed("b: 2, t: 16, v: 300, mask: right_pad").unwrap());
+        let c = parse_fixed("b: 2, t: 16, v: 300, mask: right_pad_neginf").unwrap();
+        let x = Inputs::generate(&c);
+        assert!(x.mask.iter().any(|&m| m == 0.0) && x.mask.iter().any(|&m| m == 1.0));
+        for i in 0..x.mask.len() {
+            if x.mask[i] == 0.0 {
+                assert!(x.old_logp[i] == f32::NEG_INFINITY && x.ref_logp[i] == f32::NEG_INFINITY);
+            } else {
+                assert!(x.old_logp[i].is_finite() && x.ref_logp[i].is_finite());
+            }
+        }
+        assert!(plain.old_logp.iter().all(|v| v.is_finite()));
+
+        let c = parse_fixed("b: 2, t: 16, v: 300, mask: random_hostile").unwrap();
+        let x = Inputs::generate(&c);
+        let masked: Vec<usize> = (0..x.mask.len()).filter(|&i| x.mask[i] == 0.0).collect();
+        assert!(!masked.is_empty());
+        for &i in &masked {
+            assert_eq!(x.old_logp[i].abs(), HOSTILE_LOGP);
+            assert_eq!(x.ref_logp[i], -x.old_logp[i]);
+            // The chosen logit is far above the rest of its row.
+            let row = &x.logits[i * 300..(i + 1) * 300];
+            let y = x.chosen_ids[i] as usize;
+            let rest = row.iter().enumerate().filter(|(j, _)| *j != y).map(|(_, v)| *v).fold(f32::MIN, f32::max);
+            assert!(row[y] > rest + 30.0, "row {i}: chosen {} vs rest {rest}", row[y]);
+        }
+    }
 }

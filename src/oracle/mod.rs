@@ -14,7 +14,9 @@ use crate::inputs::Inputs;
 use crate::spec::{DType, IsLevel, Level, LogitsDtype, LossType};
 use rayon::prelude::*;
 
-/// Version of the oracle's arithmetic; part of every golden file's provenance.
+/// Version of the oracle's arithmetic; part of every golden file's provenance. (A masked
+/// token's terms use its own logp for old_logp and ref_logp since the hostile-mask cases;
+/// golden files store masked per-token values multiplied by 0, so no stored value moved.)
 pub const ORACLE_VERSION: u32 = 2;
 
 /// Vocabulary tile of the oracle's online logsumexp.
@@ -269,7 +271,7 @@ fn fused_row<K: row::Keep>(
             row::forward_with(logits, y, inv_tau, DEFAULT_CHUNK, keep)
         }
     };
-    let old = inputs.old_logp[r] as f64;
+    let (old, reference) = effective_old_ref(inputs, r, st.logp);
     let t = token_terms(
         &case.knobs,
         TokenIn {
@@ -277,7 +279,7 @@ fn fused_row<K: row::Keep>(
             logp: st.logp,
             log_r: st.logp - old,
             old_logp: old,
-            ref_logp: inputs.ref_logp[r] as f64,
+            ref_logp: reference,
             mask: inputs.mask[r] as f64,
             weight: weight[r],
             scale_logp: st.lse.abs() + st.abs_max,
@@ -286,6 +288,18 @@ fn fused_row<K: row::Keep>(
         },
     );
     (st, t)
+}
+
+/// old_logp and ref_logp as the terms see them: the inputs where the token counts, and the
+/// token's own logp where it is masked. Masked tokens contribute nothing *whatever their
+/// inputs* (±1e4, −inf padding): selecting instead of multiplying by the mask keeps their
+/// terms finite (log-ratio 0, kl 0), so 0·∞ never turns the loss into NaN.
+fn effective_old_ref(inputs: &Inputs, i: usize, logp: f64) -> (f64, f64) {
+    if inputs.mask[i] == 0.0 {
+        (logp, logp)
+    } else {
+        (inputs.old_logp[i] as f64, inputs.ref_logp[i] as f64)
+    }
 }
 
 impl Oracle {
@@ -303,14 +317,14 @@ impl Oracle {
         let logp = &stats.logp;
         // Log-ratio per token (sequence level: the masked mean, shared by the sequence).
         let log_r: Vec<f64> = match case.knobs.importance_sampling_level {
-            IsLevel::Token => (0..rows).map(|i| logp[i] - inputs.old_logp[i] as f64).collect(),
+            IsLevel::Token => (0..rows).map(|i| logp[i] - effective_old_ref(inputs, i, logp[i]).0).collect(),
             IsLevel::Sequence => {
                 let per_b: Vec<f64> = (0..b_n)
                     .map(|b| {
                         let s: f64 = (0..t_n)
                             .map(|t| {
                                 let i = b * t_n + t;
-                                m(i) * (logp[i] - inputs.old_logp[i] as f64)
+                                m(i) * (logp[i] - effective_old_ref(inputs, i, logp[i]).0)
                             })
                             .sum();
                         s / msum[b].max(1.0)
@@ -330,8 +344,8 @@ impl Oracle {
                         a: inputs.advantages[b] as f64,
                         logp: logp[i],
                         log_r: log_r[i],
-                        old_logp: inputs.old_logp[i] as f64,
-                        ref_logp: inputs.ref_logp[i] as f64,
+                        old_logp: effective_old_ref(inputs, i, logp[i]).0,
+                        ref_logp: effective_old_ref(inputs, i, logp[i]).1,
                         mask: m(i),
                         weight: weight[i],
                         scale_logp: scale_logp(&stats, i),

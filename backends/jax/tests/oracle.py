@@ -48,6 +48,9 @@ def oracle(inputs: dict, knobs: dict, level: str = "logits") -> dict:
     logp = s_y - lse
     entropy = lse - (p * s).sum(-1)
 
+    # Masked tokens never read their old/ref log-probs (they may be +-1e4 or -inf): their
+    # terms use their own logp, so 0 * inf cannot reach the loss.
+    old = np.where(m > 0, old, logp)
     n_row = np.maximum(m.sum(-1, keepdims=True), 1.0)
     if is_level == "token":
         log_r = logp - old
@@ -58,7 +61,7 @@ def oracle(inputs: dict, knobs: dict, level: str = "logits") -> dict:
     r_c = np.clip(r, 1 - el, 1 + eh)
     pg = -np.minimum(r_d * adv, r_c * adv)
     if beta != 0:
-        ref = _f64(inputs["ref_logp"])
+        ref = np.where(m > 0, _f64(inputs["ref_logp"]), logp)
         kl = np.exp(ref - logp) - (ref - logp) - 1
         dkl = 1 - np.exp(ref - logp)
     else:

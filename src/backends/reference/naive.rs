@@ -122,7 +122,7 @@ impl NaiveF32 {
             .map(|b| {
                 let num: f32 = (0..t_n).map(|t| {
                     let i = b * t_n + t;
-                    mask[i] * (stats[i].1 - inputs.old_logp[i])
+                    if mask[i] == 0.0 { 0.0 } else { stats[i].1 - inputs.old_logp[i] }
                 }).sum();
                 num / guard(msum[b])
             })
@@ -138,15 +138,19 @@ impl NaiveF32 {
             let b = i / t_n;
             let a = inputs.advantages[b];
             let logp = stats[i].1;
+            // A masked token's old/ref log-probs are never read (they may be ±1e4 or −inf):
+            // its log-ratio and kl are 0, so 0·∞ cannot reach the loss.
+            let counts = mask[i] != 0.0;
             let log_r = match k.importance_sampling_level {
-                IsLevel::Token => logp - inputs.old_logp[i],
+                IsLevel::Token if counts => logp - inputs.old_logp[i],
+                IsLevel::Token => 0.0,
                 IsLevel::Sequence => seq_log_r[b],
             };
             let r = log_r.exp();
             let r_d = delta.map_or(r, |d| r.min(d));
             let r_c = r.clamp(lo, hi);
             let pg = -(r_d * a).min(r_c * a);
-            let x = inputs.ref_logp[i] - logp;
+            let x = if counts { inputs.ref_logp[i] - logp } else { 0.0 };
             kl[i] = x.exp() - x - 1.0;
             ptl[i] = pg + beta * kl[i];
             clipped[i] = ((r < lo && a < 0.0) || (r > hi && a > 0.0)) as u8 as f32;
