@@ -315,3 +315,53 @@ fn reproduce_case_errors_are_one_line() {
         assert!(e.contains(want) && e.trim().lines().count() == 1 && !e.contains("Traceback"), "{e}");
     }
 }
+
+#[test]
+fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
+    let dir = tempfile::tempdir().unwrap();
+    // 64·8192·151936 f32 logits alone are ~318 GB: refused before anything is allocated.
+    std::fs::write(dir.path().join("big.yaml"), "groups:\n  - name: big\n    suites: [smoke]\n    fixed: {b: 64, t: 8192, v: 151936}\n").unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let cfg = other.path().join("c.yaml");
+    std::fs::write(&cfg, "backends:\n  reference: {implementations: [oracle]}\n").unwrap();
+    let rec = other.path().join("r.jsonl");
+    let o = grpo_suite()
+        .args(["--cases", dir.path().to_str().unwrap(), "run", "--suite", "smoke", "--config", cfg.to_str().unwrap(), "--records", rec.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let rec = std::fs::read_to_string(&rec).unwrap();
+    assert!(rec.contains("of host memory for its inputs and the oracle, this machine has"), "{rec}");
+    let id = String::from_utf8(suite(&["--cases", dir.path().to_str().unwrap(), "cases", "--suite", "smoke"]).stdout).unwrap();
+    let o = suite(&["--cases", dir.path().to_str().unwrap(), "inputs", id.trim(), "--out", other.path().join("x").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("of host memory"), "{}", stderr(&o));
+    // b·t·v that overflows 64-bit byte counts is a case-file error, not a panic.
+    std::fs::write(dir.path().join("big.yaml"), "groups:\n  - name: big\n    suites: [smoke]\n    fixed: {b: 4000000000, t: 4000000000, v: 2000000000}\n").unwrap();
+    let o = suite(&["--cases", dir.path().to_str().unwrap(), "cases", "--suite", "smoke"]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("overflows 64-bit byte counts") && !e.contains("panicked"), "{e}");
+}
+
+#[test]
+fn the_repository_is_found_from_the_working_directory() {
+    // An installed binary run inside a checkout uses that checkout's cases/ and configs/.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("cases")).unwrap();
+    std::fs::create_dir_all(dir.path().join("configs/sub")).unwrap();
+    std::fs::write(dir.path().join("cases/mine.yaml"), "groups:\n  - name: mine\n    suites: [smoke]\n    fixed: {b: 1, t: 3, v: 77}\n").unwrap();
+    let o = grpo_suite().current_dir(dir.path().join("configs/sub")).env_remove("GRPO_ROOT").args(["cases", "--suite", "smoke"]).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "logits/f32/b1_t3_v77/grpo/eps0.2-0.2/beta0/normal1-random-mixed");
+}
+
+#[test]
+fn environment_paths_that_are_not_files_are_one_line() {
+    for (var, val) in [("GRPO_PJRT_PLUGIN", "/tmp"), ("GRPO_PJRT_PLUGIN", ""), ("GRPO_LIBTPU", "/nonexistent/libtpu.so"), ("GRPO_SUITE", "nightlyy")] {
+        let o = grpo_suite().env(var, val).args(["cases", "--suite", "smoke"]).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{var}={val}");
+        let e = stderr(&o);
+        assert!(e.contains(var) && e.trim().lines().count() == 1, "{e}");
+    }
+}

@@ -58,6 +58,11 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
     let mut problems = Vec::new();
     for c in &cases {
         pb.set_message(c.id.clone());
+        if let Err(e) = grpo_conformance::trials::check_host_memory(c) {
+            problems.push(format!("{}: {e}", c.id));
+            pb.inc(1);
+            continue;
+        }
         let p = Prepared::new(c);
         let path = golden::path(&dir, c);
         if update {

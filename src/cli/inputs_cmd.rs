@@ -12,6 +12,7 @@ use std::path::Path;
 /// Writes every input and the oracle's outputs (SPEC names) plus `case.json`.
 pub fn write(case: &Case, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    grpo_conformance::trials::check_host_memory(case).map_err(|e| anyhow::anyhow!("{}: {e}", case.id))?;
     let p = Prepared::new(case);
     let (inputs, o) = (&p.inputs, &p.oracle);
     let mut files = serde_json::Map::new();
