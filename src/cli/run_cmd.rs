@@ -150,6 +150,9 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
         eprintln!("resuming: {} of {} trials already recorded in {}", done.len(), plan.trials.len(), r.display());
         plan.trials.retain(|t| !done.contains(&t.name));
     }
+    // A records file may already hold lines (a resume, or --records naming an old file):
+    // the summary reads back only what this run appends.
+    let already = if path.exists() { records::read(&path)?.outcomes.len() } else { 0 };
     let total = plan.trials.len();
     let pb = ProgressBar::new(total as u64);
     pb.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {wide_msg}").unwrap());
@@ -165,7 +168,7 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
     let back = records::read(&path)?;
     let this_run: HashSet<&String> = names.iter().collect();
     let mut outcomes = previous;
-    outcomes.extend(back.outcomes.into_iter().filter(|o| this_run.contains(&o.name)));
+    outcomes.extend(back.outcomes.into_iter().skip(already).filter(|o| this_run.contains(&o.name)));
     summarize(&outcomes, &plan, scale, &path)
 }
 
@@ -428,7 +431,10 @@ fn print_table(outcomes: &[TrialOutcome]) {
             let worst = match (&o.budget, o.worst()) {
                 (Some(b), _) => format!("peak/floor {:.3} (≤{}{})", b.ratio, b.max_peak_over_floor, if b.slack_bytes > 0 { "+slack" } else { "" }),
                 (None, Some(g)) => format!("{} {:.2e}", g.output, g.norm_err),
-                (None, None) => "-".into(),
+                (None, None) => match o.memory.as_ref().and_then(|m| m.peak_over_floor()) {
+                    Some(r) if o.kind == TrialKind::Run && o.verdict == Verdict::Pass => format!("peak/floor {r:.3} (no budget)"),
+                    _ => "-".into(),
+                },
             };
             let peak = o.memory.as_ref().and_then(|m| m.peak_bytes).map_or("-".into(), |b| format!("{:.1}MiB", b as f64 / (1 << 20) as f64));
             let time = match o.timing.as_ref() {
