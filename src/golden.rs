@@ -142,17 +142,25 @@ pub fn compute(case: &Case, inputs: &Inputs, o: &Oracle) -> Golden {
     }
 }
 
-/// Reads a golden file; a corrupt or stale file is an error saying so and how to fix it.
-pub fn load(path: &Path) -> Result<Golden> {
+/// Reads a golden file whatever its versions: `Ok(None)` when it does not exist; a corrupt
+/// file is an error saying so.
+pub fn read(path: &Path) -> Result<Option<Golden>> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            anyhow::bail!("{}: missing golden file; {BLESS_HINT}", path.display())
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => anyhow::bail!("{}: cannot read golden file: {e}", path.display()),
     };
-    let g: Golden = serde_json::from_slice(&bytes)
-        .map_err(|e| anyhow::anyhow!("{}: corrupt golden file ({e}); {BLESS_HINT}", path.display()))?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("{}: corrupt golden file ({e}); {BLESS_HINT}", path.display()))
+}
+
+/// Reads a golden file; a missing, corrupt or stale file is an error saying so and how
+/// to fix it.
+pub fn load(path: &Path) -> Result<Golden> {
+    let Some(g) = read(path)? else {
+        anyhow::bail!("{}: missing golden file; {BLESS_HINT}", path.display())
+    };
     if g.provenance.oracle_version != ORACLE_VERSION || g.provenance.generator_version != GENERATOR_VERSION {
         anyhow::bail!(
             "{}: stale golden file (oracle v{}, generator v{}; now v{ORACLE_VERSION}, v{GENERATOR_VERSION}); {BLESS_HINT}",
@@ -227,8 +235,24 @@ pub fn diff(stored: &Golden, now: &Golden) -> Vec<String> {
             None => d.push(format!("per_token {k}: missing in stored file")),
             Some(s) if s.len() != v.len() => d.push(format!("per_token {k}: stored {} values, now {}", s.len(), v.len())),
             Some(s) => {
-                if let Some(i) = (0..v.len()).find(|&i| !close(s[i], v[i])) {
-                    d.push(format!("per_token {k}[{i}]: stored {:e}, now {:e}", s[i], v[i]));
+                if let Some(first) = (0..v.len()).find(|&i| !close(s[i], v[i])) {
+                    let (mut d2, mut s2, mut worst) = (0f64, 0f64, first);
+                    for i in 0..v.len() {
+                        let e = (v[i] as f64 - s[i] as f64).abs();
+                        d2 += e * e;
+                        s2 += (s[i] as f64).powi(2);
+                        if e > (v[worst] as f64 - s[worst] as f64).abs() {
+                            worst = i;
+                        }
+                    }
+                    let n = (0..v.len()).filter(|&i| !close(s[i], v[i])).count();
+                    d.push(format!(
+                        "per_token {k}: {n} of {} values differ, ‖Δ‖/‖stored‖ = {:.2e}, worst [{worst}]: stored {:e}, now {:e}",
+                        v.len(),
+                        d2.sqrt() / s2.sqrt().max(f64::MIN_POSITIVE),
+                        s[worst],
+                        v[worst]
+                    ));
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! that reproduce the golden values (in Rust and in numpy), and JSONL records of `run`.
 
 use grpo_conformance::{golden, npy, repo_root};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// The binary, without the test script's `GRPO_REQUIRE_BACKENDS` (these tests use their
@@ -364,4 +364,47 @@ fn environment_paths_that_are_not_files_are_one_line() {
         let e = stderr(&o);
         assert!(e.contains(var) && e.trim().lines().count() == 1, "{e}");
     }
+}
+
+#[test]
+fn golden_update_shows_changes_and_wants_force_without_a_version_bump() {
+    // A copy of the smoke golden files with one stored value altered: the update lists
+    // exactly that case, writes nothing on --dry-run, refuses without --force (no version
+    // bump explains the change), and writes with it.
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<String> =
+        String::from_utf8(suite(&["cases", "--suite", "smoke"]).stdout).unwrap().lines().map(String::from).collect();
+    let m = grpo_conformance::cases::load_dir(&repo_root().join("cases")).unwrap();
+    let mut target = PathBuf::new();
+    for (k, id) in ids.iter().enumerate() {
+        let c = m.get(id).unwrap();
+        let from = golden::path(&repo_root().join("golden"), c);
+        let to = golden::path(dir.path(), c);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        let mut text = std::fs::read_to_string(&from).unwrap();
+        if k == 3 {
+            let g: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let loss = g["loss"].as_f64().unwrap();
+            text = text.replacen(&format!("\"loss\": {}", g["loss"]), &format!("\"loss\": {}", loss * 1.5 + 1.0), 1);
+            target = to.clone();
+        }
+        std::fs::write(&to, text).unwrap();
+    }
+    let before = std::fs::read_to_string(&target).unwrap();
+    let d = dir.path().to_str().unwrap();
+    let o = suite(&["golden", "update", "--suite", "smoke", "--dir", d, "--dry-run"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(&format!("{}\n  versions: oracle v2 → v2", ids[3])) && out.contains("loss: stored"), "{out}");
+    assert!(out.contains(&format!("golden update: {} unchanged, 1 changed, 0 new (1 change values without an oracle or generator version bump)", ids.len() - 1)), "{out}");
+    assert!(out.contains("dry run: nothing written"));
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), before);
+    let o = suite(&["golden", "update", "--suite", "smoke", "--dir", d]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("pass --force if the change is intended"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), before);
+    let o = suite(&["golden", "update", "--suite", "smoke", "--dir", d, "--force"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = suite(&["golden", "check", "--suite", "smoke", "--dir", d]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }

@@ -25,8 +25,19 @@ pub struct GoldenArgs {
 /// What to do with golden files.
 #[derive(Debug, Subcommand)]
 pub enum GoldenAction {
-    /// Re-derive and write the golden files of a suite (bless).
-    Update(GoldenArgs),
+    /// Re-derive the golden files of a suite, show what changes (per case and output, old
+    /// vs new, versions), then write them (bless).
+    Update {
+        /// Which golden files.
+        #[command(flatten)]
+        args: GoldenArgs,
+        /// Show what would change and write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Write even if values change without an oracle or generator version bump.
+        #[arg(long)]
+        force: bool,
+    },
     /// Re-derive the golden values and compare with the stored files.
     Check(GoldenArgs),
 }
@@ -39,9 +50,9 @@ fn bar(n: usize) -> ProgressBar {
 
 /// Runs the action.
 pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
-    let (update, GoldenArgs { suite, dir, filter }) = match action {
-        GoldenAction::Update(a) => (true, a),
-        GoldenAction::Check(a) => (false, a),
+    let (update, dry_run, force, GoldenArgs { suite, dir, filter }) = match action {
+        GoldenAction::Update { args, dry_run, force } => (true, dry_run, force, args),
+        GoldenAction::Check(a) => (false, false, false, a),
     };
     let cases: Vec<_> = matrix
         .suite(suite)
@@ -56,6 +67,9 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
     }
     let pb = bar(cases.len());
     let mut problems = Vec::new();
+    // Update: (case, path, new record, what changed, whether the versions moved).
+    let mut changes: Vec<(String, PathBuf, golden::Golden, Vec<String>, bool)> = Vec::new();
+    let (mut unchanged, mut new) = (0usize, 0usize);
     for c in &cases {
         pb.set_message(c.id.clone());
         if let Err(e) = grpo_conformance::trials::check_host_memory(c) {
@@ -66,7 +80,32 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
         let p = Prepared::new(c);
         let path = golden::path(&dir, c);
         if update {
-            golden::store(&path, &golden::compute(c, &p.inputs, &p.oracle))?;
+            let now = golden::compute(c, &p.inputs, &p.oracle);
+            match golden::read(&path) {
+                Ok(Some(stored)) => {
+                    let d = golden::diff(&stored, &now);
+                    let versioned = stored.provenance.oracle_version != now.provenance.oracle_version
+                        || stored.provenance.generator_version != now.provenance.generator_version;
+                    if d.is_empty() && !versioned {
+                        unchanged += 1;
+                    } else {
+                        let mut lines = vec![format!(
+                            "versions: oracle v{} → v{}, generator v{} → v{}",
+                            stored.provenance.oracle_version,
+                            now.provenance.oracle_version,
+                            stored.provenance.generator_version,
+                            now.provenance.generator_version
+                        )];
+                        lines.extend(d);
+                        changes.push((c.id.clone(), path, now, lines, versioned));
+                    }
+                }
+                Ok(None) => {
+                    new += 1;
+                    changes.push((c.id.clone(), path, now, vec!["new golden file".into()], true));
+                }
+                Err(e) => changes.push((c.id.clone(), path, now, vec![format!("{e:#}")], true)),
+            }
         } else {
             match golden::check(&dir, c, &p.inputs, &p.oracle) {
                 Ok(Check::Match) => {}
@@ -78,7 +117,31 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
     }
     pb.finish_and_clear();
     if update {
-        eprintln!("wrote {} golden files under {}", cases.len(), dir.display());
+        for (id, _, _, lines, _) in &changes {
+            println!("{id}\n  {}", lines.join("\n  "));
+        }
+        let unversioned: Vec<&String> = changes.iter().filter(|c| !c.4).map(|c| &c.0).collect();
+        println!(
+            "golden update: {unchanged} unchanged, {} changed, {new} new ({} change values without an oracle or generator version bump)",
+            changes.len() - new,
+            unversioned.len()
+        );
+        if dry_run {
+            println!("dry run: nothing written");
+            return Ok(());
+        }
+        if !unversioned.is_empty() && !force {
+            bail!(
+                "{} golden files would change values without an oracle or generator version bump (first: {}); \
+                 review the diff above and pass --force if the change is intended",
+                unversioned.len(),
+                unversioned[0]
+            );
+        }
+        for (_, path, now, _, _) in &changes {
+            golden::store(path, now)?;
+        }
+        eprintln!("wrote {} golden files under {}", changes.len(), dir.display());
         if suite == Suite::Full {
             for o in golden::orphans(&dir, &matrix.suite(Suite::Full)) {
                 eprintln!("note: {} belongs to no case; delete it if the case was removed", o.display());
