@@ -10,6 +10,7 @@
 
 pub mod backends;
 pub mod cases;
+pub mod compare;
 pub mod config;
 pub mod env;
 pub mod gates;

@@ -39,6 +39,17 @@ pub enum Command {
         #[command(subcommand)]
         action: golden_cmd::GoldenAction,
     },
+    /// Compare two runs' records: verdicts, vanished trials, error growth, compiled peak,
+    /// time. Exit status 0 (no regression), 1 (regressed), 2 (cannot compare).
+    Compare {
+        /// The earlier run's JSONL records.
+        base: PathBuf,
+        /// The later run's JSONL records.
+        new: PathBuf,
+        /// Print the comparison as JSON instead of Markdown.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a case's inputs and the oracle's outputs as .npy files plus case.json.
     Inputs {
         /// The case id (see `grpo-suite cases --suite full`).
@@ -70,6 +81,22 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Run(args) => run_cmd::run(&matrix, &cli.cases, args),
         Command::Golden { action } => golden_cmd::run(&matrix, action),
+        Command::Compare { base, new, json } => {
+            let (b, n) = (grpo_conformance::compare::load(&base)?, grpo_conformance::compare::load(&new)?);
+            if let Some(why) = grpo_conformance::compare::incompatible(&b, &n) {
+                anyhow::bail!("cannot compare {} and {}: {why}", base.display(), new.display());
+            }
+            let c = grpo_conformance::compare::compare(&b, &n);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&c)?);
+            } else {
+                print!("{}", grpo_conformance::compare::markdown(&base, &new, &b, &c));
+            }
+            if c.regressed() {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Inputs { case_id, out } => {
             let case = matrix.get(&case_id).with_context(|| {
                 format!("no case `{case_id}` in {} (list them with `grpo-suite cases --suite full`)", cli.cases.display())

@@ -1,0 +1,259 @@
+//! Comparing two runs' records (`grpo-suite compare BASE NEW`): trials matched by name
+//! (`backend/implementation/case`), the last record of a name winning (a resumed run may
+//! hold a trial twice). What counts as a regression:
+//!
+//! - **verdict**: a trial that was ok (pass, ignored, expected fail) is now FAIL, ERROR or
+//!   UNEXPECTED PASS, or was a pass and is now ignored (a check stopped running);
+//! - **vanished**: a trial of BASE is not in NEW;
+//! - **error growth**: an output's norm-wise error more than doubled and is above 1e-6
+//!   (the gates are deterministic for fixed inputs, so unchanged code gives equal errors);
+//! - **memory**: the compiled peak grew by more than [`PEAK_MARGIN`] (deterministic for a
+//!   pinned compiler);
+//! - **time**: judged when both runs have ≥ 3 timed executions and BASE's median is at
+//!   least [`MIN_JUDGED_S`] (shorter runs are timer noise): slower when both NEW's median
+//!   and NEW's fastest run exceed BASE's by more than max(10%, 3 × the larger relative
+//!   median absolute deviation of the two series). Noise only ever adds time, so a
+//!   transient load that slows some runs moves the median but not the minimum.
+//!
+//! Improvements (back to pass, smaller peak, faster) and appeared trials are reported but
+//! never fail the comparison.
+
+use crate::runner::{TrialOutcome, Verdict};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Compiled-peak growth that counts as a regression.
+pub const PEAK_MARGIN: f64 = 0.01;
+/// Shortest BASE median (seconds) whose time is judged.
+pub const MIN_JUDGED_S: f64 = 1e-3;
+/// Smallest time growth ever flagged.
+pub const MIN_SLOWDOWN: f64 = 0.10;
+
+/// One run's records and what they were made with.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// Suite of the run.
+    pub suite: String,
+    /// Oracle version of the records.
+    pub oracle_version: u64,
+    /// Generator version of the records.
+    pub generator_version: u64,
+    /// Tolerance multiplier of the run.
+    pub tol_scale: f64,
+    /// Trials by name (last record wins).
+    pub trials: BTreeMap<String, TrialOutcome>,
+}
+
+/// Reads a record file for comparison; an unreadable file is an error naming it.
+pub fn load(path: &Path) -> Result<Run> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut meta: Option<(String, u64, u64, f64)> = None;
+    let mut trials = BTreeMap::new();
+    for (k, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{}:{}: not a record line", path.display(), k + 1))?;
+        let m = (
+            v["suite"].as_str().unwrap_or("").to_string(),
+            v["oracle_version"].as_u64().unwrap_or(0),
+            v["generator_version"].as_u64().unwrap_or(0),
+            v["tol_scale"].as_f64().unwrap_or(1.0),
+        );
+        match &meta {
+            None => meta = Some(m),
+            Some(first) if *first != m => bail!(
+                "{}:{}: mixes runs (suite/versions/tolerance scale {:?} after {:?})",
+                path.display(),
+                k + 1,
+                m,
+                first
+            ),
+            _ => {}
+        }
+        let o: TrialOutcome = serde_json::from_value(v).with_context(|| format!("{}:{}: not a trial record", path.display(), k + 1))?;
+        trials.insert(o.name.clone(), o);
+    }
+    let Some((suite, oracle_version, generator_version, tol_scale)) = meta else {
+        bail!("{} holds no records", path.display())
+    };
+    Ok(Run { suite, oracle_version, generator_version, tol_scale, trials })
+}
+
+/// One finding.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Finding {
+    /// Trial name.
+    pub trial: String,
+    /// `verdict`, `vanished`, `appeared`, `error`, `memory` or `time`.
+    pub what: String,
+    /// BASE's value, as text.
+    pub base: String,
+    /// NEW's value, as text.
+    pub new: String,
+}
+
+/// The comparison.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Comparison {
+    /// Trials in both runs.
+    pub matched: usize,
+    /// Trials whose time was judged.
+    pub time_judged: usize,
+    /// What got worse.
+    pub regressions: Vec<Finding>,
+    /// What got better (or appeared).
+    pub improvements: Vec<Finding>,
+}
+
+impl Comparison {
+    /// Whether anything regressed.
+    pub fn regressed(&self) -> bool {
+        !self.regressions.is_empty()
+    }
+}
+
+/// Why two runs cannot be compared, if they cannot.
+pub fn incompatible(base: &Run, new: &Run) -> Option<String> {
+    if base.suite != new.suite {
+        return Some(format!("different suites: BASE {}, NEW {}", base.suite, new.suite));
+    }
+    if (base.oracle_version, base.generator_version) != (new.oracle_version, new.generator_version) {
+        return Some(format!(
+            "different versions: BASE oracle v{} generator v{}, NEW oracle v{} generator v{} (the references moved; compare runs of the same versions)",
+            base.oracle_version, base.generator_version, new.oracle_version, new.generator_version
+        ));
+    }
+    if base.tol_scale != new.tol_scale {
+        return Some(format!("different tolerance scales: BASE {}, NEW {}", base.tol_scale, new.tol_scale));
+    }
+    None
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        0.5 * (s[n / 2 - 1] + s[n / 2])
+    }
+}
+
+/// Relative median absolute deviation of a series.
+fn rel_mad(v: &[f64]) -> f64 {
+    let m = median(v);
+    let dev: Vec<f64> = v.iter().map(|x| (x - m).abs()).collect();
+    if m > 0.0 {
+        median(&dev) / m
+    } else {
+        0.0
+    }
+}
+
+/// The slowdown threshold of two series (relative growth of the median).
+pub fn slowdown_threshold(base: &[f64], new: &[f64]) -> f64 {
+    MIN_SLOWDOWN.max(3.0 * rel_mad(base).max(rel_mad(new)))
+}
+
+fn verdict_text(v: &Verdict) -> String {
+    v.label()
+}
+
+/// Compares two runs (assumed compatible).
+pub fn compare(base: &Run, new: &Run) -> Comparison {
+    let mut c = Comparison::default();
+    let f = |trial: &str, what: &str, base: String, new: String| Finding { trial: trial.into(), what: what.into(), base, new };
+    for (name, b) in &base.trials {
+        let Some(n) = new.trials.get(name) else {
+            c.regressions.push(f(name, "vanished", verdict_text(&b.verdict), "-".into()));
+            continue;
+        };
+        c.matched += 1;
+        let was_pass = b.verdict == Verdict::Pass;
+        let regressed = (b.verdict.is_ok() && !n.verdict.is_ok()) || (was_pass && matches!(n.verdict, Verdict::Ignored(_)));
+        let improved = !b.verdict.is_ok() && n.verdict.is_ok();
+        if regressed {
+            c.regressions.push(f(name, "verdict", verdict_text(&b.verdict), verdict_text(&n.verdict)));
+        } else if improved {
+            c.improvements.push(f(name, "verdict", verdict_text(&b.verdict), verdict_text(&n.verdict)));
+        }
+        if was_pass && n.verdict == Verdict::Pass {
+            for g in &n.gates {
+                if let Some(bg) = b.gates.iter().find(|x| x.output == g.output) {
+                    if g.norm_err > 2.0 * bg.norm_err && g.norm_err > 1e-6 {
+                        c.regressions.push(f(name, "error", format!("{} {:.3e}", bg.output, bg.norm_err), format!("{} {:.3e}", g.output, g.norm_err)));
+                    }
+                }
+            }
+        }
+        let peak = |o: &TrialOutcome| o.memory.as_ref().and_then(|m| m.peak_bytes);
+        if let (Some(pb), Some(pn)) = (peak(b), peak(n)) {
+            let grow = pn as f64 / pb.max(1) as f64 - 1.0;
+            if grow > PEAK_MARGIN {
+                c.regressions.push(f(name, "memory", format!("{pb} B"), format!("{pn} B (+{:.1}%)", 100.0 * grow)));
+            } else if grow < -PEAK_MARGIN {
+                c.improvements.push(f(name, "memory", format!("{pb} B"), format!("{pn} B ({:.1}%)", 100.0 * grow)));
+            }
+        }
+        let runs = |o: &TrialOutcome| o.timing.as_ref().map(|t| t.runs_s.clone()).unwrap_or_default();
+        let (rb, rn) = (runs(b), runs(n));
+        if rb.len() >= 3 && rn.len() >= 3 && median(&rb) >= MIN_JUDGED_S {
+            c.time_judged += 1;
+            let (mb, mn) = (median(&rb), median(&rn));
+            let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+            let (lb, ln) = (min(&rb), min(&rn));
+            let th = slowdown_threshold(&rb, &rn);
+            let text = |m: f64| format!("{:.3} ms", m * 1e3);
+            if mn > mb * (1.0 + th) && ln > lb * (1.0 + th) {
+                c.regressions.push(f(name, "time", text(mb), format!("{} (+{:.0}%, threshold {:.0}%)", text(mn), 100.0 * (mn / mb - 1.0), 100.0 * th)));
+            } else if mn < mb / (1.0 + th) && ln < lb / (1.0 + th) {
+                c.improvements.push(f(name, "time", text(mb), format!("{} ({:.0}%)", text(mn), 100.0 * (mn / mb - 1.0))));
+            }
+        }
+    }
+    for name in new.trials.keys().filter(|n| !base.trials.contains_key(*n)) {
+        c.improvements.push(f(name, "appeared", "-".into(), verdict_text(&new.trials[name].verdict)));
+    }
+    c
+}
+
+/// The comparison as Markdown.
+pub fn markdown(base_path: &Path, new_path: &Path, base: &Run, c: &Comparison) -> String {
+    let mut s = format!(
+        "# compare {} → {}\n\nsuite {}, oracle v{}, generator v{}; {} trials matched, time judged on {}.\n\n",
+        base_path.display(),
+        new_path.display(),
+        base.suite,
+        base.oracle_version,
+        base.generator_version,
+        c.matched,
+        c.time_judged
+    );
+    for (title, list) in [("Regressions", &c.regressions), ("Improvements and new trials", &c.improvements)] {
+        s.push_str(&format!("## {title} ({})\n\n", list.len()));
+        if !list.is_empty() {
+            s.push_str("| trial | what | base | new |\n| --- | --- | --- | --- |\n");
+            for x in list.iter() {
+                s.push_str(&format!("| `{}` | {} | {} | {} |\n", x.trial, x.what, x.base, x.new));
+            }
+            s.push('\n');
+        }
+    }
+    s.push_str(if c.regressed() { "**Result: regressed.**\n" } else { "**Result: no regression.**\n" });
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threshold_follows_the_spread() {
+        let steady = [1.0, 1.01, 0.99, 1.0, 1.02];
+        assert!((slowdown_threshold(&steady, &steady) - MIN_SLOWDOWN).abs() < 1e-12);
+        let noisy = [1.0, 1.3, 0.7, 1.1, 0.9];
+        assert!(slowdown_threshold(&noisy, &steady) > 0.25);
+    }
+}

@@ -1,0 +1,92 @@
+//! `grpo-suite compare` on recorded series: two runs of the same code compare clean; a
+//! copy of the first with a 20% slowdown injected into one implementation, a 10% larger
+//! compiled peak on one trial and one pass turned into a fail is flagged for exactly
+//! those, nothing else. (One test function: the two timed runs must not overlap other
+//! work of this binary.)
+
+#![cfg(feature = "pjrt")]
+
+use grpo_conformance::compare::{self, slowdown_threshold};
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn suite(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_grpo-suite")).env_remove("GRPO_REQUIRE_BACKENDS").args(args).output().unwrap()
+}
+
+fn record(path: &Path) {
+    let o = suite(&[
+        "run", "--suite", "ci", "--backend", "reference", "--backend", "tpu-aot-v6e-2x2", "--filter", "b1_t4_v151", "--repeats", "5",
+        "--records", path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn compare_flags_exactly_the_injected_regressions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, inj) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"), dir.path().join("inj.jsonl"));
+    record(&a);
+    record(&b);
+    let o = suite(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "two runs of the same code must compare clean:\n{out}");
+    assert!(out.contains("**Result: no regression.**"));
+
+    // Inject into a copy of run A.
+    let mut lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&a).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut want: Vec<(String, &str)> = Vec::new();
+    let mut slowed_and_judged = 0;
+    let mut peak_done = false;
+    let mut fail_done = false;
+    for l in lines.iter_mut() {
+        let name = l["name"].as_str().unwrap().to_string();
+        if l["implementation"] == "naive_f32" && l["verdict"] == "pass" {
+            let runs: Vec<f64> = l["timing"]["runs_s"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            let slow: Vec<f64> = runs.iter().map(|x| x * 1.2).collect();
+            l["timing"]["runs_s"] = serde_json::json!(slow);
+            // The rule flags a slowdown beyond max(10%, 3 × MAD): 20% is flagged whenever
+            // the recorded spread keeps the threshold below it.
+            let mut sorted = runs.clone();
+            sorted.sort_by(f64::total_cmp);
+            if sorted[2] >= compare::MIN_JUDGED_S && slowdown_threshold(&runs, &slow) < 0.2 * 0.999 {
+                want.push((name.clone(), "time"));
+                slowed_and_judged += 1;
+            }
+        } else if !peak_done && l["backend"] == "tpu-aot-v6e-2x2" {
+            let p = l["memory"]["peak_bytes"].as_u64().unwrap();
+            l["memory"]["peak_bytes"] = serde_json::json!((p as f64 * 1.1) as u64);
+            want.push((name.clone(), "memory"));
+            peak_done = true;
+        } else if !fail_done && l["implementation"] == "oracle" && l["verdict"] == "pass" {
+            l["verdict"] = serde_json::json!("fail");
+            want.push((name.clone(), "verdict"));
+            fail_done = true;
+        }
+    }
+    assert!(slowed_and_judged >= 1, "no naive_f32 series was steady enough to judge a 20% slowdown");
+    std::fs::write(&inj, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let o = suite(&["compare", a.to_str().unwrap(), inj.to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut got: Vec<(String, String)> = c["regressions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["trial"].as_str().unwrap().to_string(), r["what"].as_str().unwrap().to_string()))
+        .collect();
+    got.sort();
+    let mut want: Vec<(String, String)> = want.into_iter().map(|(n, w)| (n, w.to_string())).collect();
+    want.sort();
+    assert_eq!(got, want);
+
+    // Runs of different suites or versions cannot be compared: exit 2, one line.
+    let other = dir.path().join("other.jsonl");
+    std::fs::write(&other, std::fs::read_to_string(&a).unwrap().replace("\"suite\":\"ci\"", "\"suite\":\"nightly\"")).unwrap();
+    let o = suite(&["compare", a.to_str().unwrap(), other.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("different suites: BASE ci, NEW nightly"));
+    let o = suite(&["compare", a.to_str().unwrap(), "/nonexistent.jsonl"]);
+    assert_eq!(o.status.code(), Some(2));
+}
