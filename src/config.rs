@@ -343,3 +343,19 @@ mod tests {
         assert!(!glob_match("a*b*c", "a--c--b"));
     }
 }
+
+#[cfg(test)]
+mod shipped {
+    #[test]
+    fn every_shipped_config_loads() {
+        let dir = crate::repo_root().join("configs");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            if e.path().extension().is_some_and(|x| x == "yaml") {
+                super::Config::load(&e.path()).unwrap_or_else(|err| panic!("{err:#}"));
+                n += 1;
+            }
+        }
+        assert!(n >= 4, "{n} configs");
+    }
+}

@@ -20,6 +20,7 @@ pub mod npy;
 pub mod oracle;
 pub mod outputs;
 pub mod records;
+pub mod report;
 pub mod runner;
 pub mod spec;
 pub mod trials;

@@ -50,6 +50,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Write a self-contained HTML report (report.html) and its Markdown summary
+    /// (report.md) of a run's records, optionally compared with a baseline run.
+    Report {
+        /// The run's JSONL records.
+        run: PathBuf,
+        /// A baseline run to compare with.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+        /// Output directory (created).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Write a case's inputs and the oracle's outputs as .npy files plus case.json.
     Inputs {
         /// The case id (see `grpo-suite cases --suite full`).
@@ -81,6 +93,11 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Run(args) => run_cmd::run(&matrix, &cli.cases, args),
         Command::Golden { action } => golden_cmd::run(&matrix, action),
+        Command::Report { run, baseline, out } => {
+            let w = grpo_conformance::report::write(&run, baseline.as_deref(), &out)?;
+            println!("wrote {} and {}", w.html.display(), w.markdown.display());
+            Ok(())
+        }
         Command::Compare { base, new, json } => {
             let (b, n) = (grpo_conformance::compare::load(&base)?, grpo_conformance::compare::load(&new)?);
             if let Some(why) = grpo_conformance::compare::incompatible(&b, &n) {

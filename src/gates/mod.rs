@@ -30,6 +30,10 @@ pub struct GateReport {
     pub max_abs_err: f64,
     /// Elements compared.
     pub compared: usize,
+    /// Fraction of the norm-wise bound the error uses (‖out−ref‖ / bound; ≤ 1 passes that
+    /// check): the gate's margin, plotted by `grpo-suite report`.
+    #[serde(default)]
+    pub bound_used: f64,
     /// The bounds applied.
     #[serde(skip, default)]
     pub tolerance: Tolerance,
@@ -132,7 +136,8 @@ impl Acc {
         } else {
             format!("{output}: FAIL {}; {worst}; tier {tier}", why.join("; "))
         };
-        GateReport { output, passed, norm_err, max_abs_err: self.dmax, compared: self.n, tolerance: tol, tier, message }
+        let bound_used = if norm_bound > 0.0 { self.d2.sqrt() / norm_bound } else if self.d2 == 0.0 { 0.0 } else { f64::INFINITY };
+        GateReport { output, passed, norm_err, max_abs_err: self.dmax, compared: self.n, bound_used, tolerance: tol, tier, message }
     }
 }
 
@@ -156,6 +161,7 @@ fn fail(output: OutputName, tier: String, message: String) -> GateReport {
         norm_err: f64::NAN,
         max_abs_err: f64::NAN,
         compared: 0,
+        bound_used: f64::NAN,
         tolerance: Tolerance { norm_rel: 0.0, max_rel: 0.0, floor: 0.0 },
         tier,
         message: format!("{output}: FAIL {message}"),
@@ -209,6 +215,7 @@ pub fn judge(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs) -> Ve
                     norm_err: 0.0,
                     max_abs_err: 0.0,
                     compared: 0,
+                    bound_used: 0.0,
                     tolerance: tol,
                     tier,
                     message: "kl: finite; values not judged (β = 0 leaves ref_logp unread)".into(),
@@ -283,6 +290,7 @@ fn judge_clipped(case: &Case, inputs: &Inputs, oracle: &Oracle, t: &OutTensor, t
             norm_err: 0.0,
             max_abs_err: 0.0,
             compared: n,
+            bound_used: 0.0,
             tolerance: tol,
             tier: tier.clone(),
             message: format!("clipped: ok, exact over {n} ({tier})"),

@@ -1,0 +1,331 @@
+//! `grpo-suite report RUN.jsonl [--baseline BASE.jsonl] --out DIR`: one self-contained
+//! HTML page (inline SVG, no script, nothing fetched) and the same summary in Markdown:
+//! the verdict matrix (cases × implementations, failing cases first), time against problem
+//! size per implementation, compiled peak over floor per implementation and topology,
+//! each output's error as a fraction of its gate's bound, and the comparison with a
+//! baseline run.
+
+use crate::compare::{self, Comparison, Run};
+use crate::runner::{TrialKind, TrialOutcome, Verdict};
+use anyhow::{Context, Result};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+const COLORS: [&str; 10] =
+    ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// Elements of the differentiable input(s), from a case id's shape part
+/// (`b2_t8_v2049` or `b1_t512_v151936_h512`).
+pub fn elements(case_id: &str) -> Option<f64> {
+    let shape = case_id.split('/').nth(2)?;
+    let mut d = BTreeMap::new();
+    for p in shape.split('_') {
+        let (k, v) = p.split_at(1);
+        d.insert(k.to_string(), v.parse::<f64>().ok()?);
+    }
+    let (b, t, v) = (d.get("b")?, d.get("t")?, d.get("v")?);
+    Some(match d.get("h") {
+        Some(h) => b * t * h + h * v,
+        None => b * t * v,
+    })
+}
+
+struct Series {
+    name: String,
+    points: Vec<(f64, f64)>,
+}
+
+/// A scatter plot with optional log axes; `hline` draws a dashed reference line.
+fn scatter(title: &str, xlabel: &str, ylabel: &str, series: &[Series], logx: bool, logy: bool, hline: Option<(f64, &str)>) -> String {
+    let (w, h, l, r, t, b) = (1000.0, 380.0, 70.0, 330.0, 30.0, 50.0);
+    let tx = |x: f64| if logx { x.max(1e-30).log10() } else { x };
+    let ty = |y: f64| if logy { y.max(1e-30).log10() } else { y };
+    let pts: Vec<(f64, f64)> = series.iter().flat_map(|s| s.points.iter().map(|&(x, y)| (tx(x), ty(y)))).collect();
+    let mut svg = format!(r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11"><text x="{}" y="18" font-size="13" font-weight="bold">{}</text>"#, l, esc(title));
+    if pts.is_empty() {
+        svg.push_str(r#"<text x="80" y="80">no data in this run</text></svg>"#);
+        return svg;
+    }
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in &pts {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if let Some((v, _)) = hline {
+        y0 = y0.min(ty(v));
+        y1 = y1.max(ty(v));
+    }
+    let pad = |a: f64, b: f64| if (b - a).abs() < 1e-12 { 0.5 } else { 0.05 * (b - a) };
+    let (px, py) = (pad(x0, x1), pad(y0, y1));
+    let (x0, x1, y0, y1) = (x0 - px, x1 + px, y0 - py, y1 + py);
+    let sx = |x: f64| l + (x - x0) / (x1 - x0) * (w - l - r);
+    let sy = |y: f64| h - b - (y - y0) / (y1 - y0) * (h - t - b);
+    let _ = write!(svg, r##"<rect x="{l}" y="{t}" width="{}" height="{}" fill="none" stroke="#999"/>"##, w - l - r, h - t - b);
+    for k in 0..=4 {
+        let fx = x0 + (x1 - x0) * k as f64 / 4.0;
+        let fy = y0 + (y1 - y0) * k as f64 / 4.0;
+        let lab = |v: f64, log: bool| if log { format!("{:.1e}", 10f64.powf(v)) } else { format!("{v:.3}") };
+        let _ = write!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#444">{}</text>"##, sx(fx), h - b + 14.0, lab(fx, logx));
+        let _ = write!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#444">{}</text>"##, l - 4.0, sy(fy) + 4.0, lab(fy, logy));
+        let _ = write!(svg, r##"<line x1="{l}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#eee"/>"##, w - r, sy(fy), sy(fy));
+    }
+    let _ = write!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##, l + (w - l - r) / 2.0, h - 12.0, esc(xlabel));
+    let _ = write!(svg, r##"<text transform="translate(14,{:.1}) rotate(-90)" text-anchor="middle">{}</text>"##, t + (h - t - b) / 2.0, esc(ylabel));
+    if let Some((v, label)) = hline {
+        let y = sy(ty(v));
+        let _ = write!(svg, r##"<line x1="{l}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#d62728" stroke-dasharray="5,4"/><text x="{:.1}" y="{:.1}" fill="#d62728">{}</text>"##, w - r, l + 4.0, y - 4.0, esc(label));
+    }
+    for (k, s) in series.iter().enumerate() {
+        let c = COLORS[k % COLORS.len()];
+        let mut p = s.points.clone();
+        p.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for &(x, y) in &p {
+            // Growing hollow rings: series that coincide (same figures) stay visible.
+            let _ = write!(
+                svg,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="{}" fill="{c}" fill-opacity="0.25" stroke="{c}" stroke-width="1.5"><title>{}: {x:.3e}, {y:.3e}</title></circle>"#,
+                sx(tx(x)),
+                sy(ty(y)),
+                3 + 2 * (k % 4),
+                esc(&s.name)
+            );
+        }
+        let ly = t + 12.0 + 14.0 * k as f64;
+        let _ = write!(svg, r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{c}"/><text x="{:.1}" y="{:.1}">{}</text>"#, w - r + 12.0, ly - 4.0, w - r + 20.0, ly, esc(&s.name));
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// What `report` wrote.
+pub struct Written {
+    /// The HTML page.
+    pub html: PathBuf,
+    /// The Markdown summary.
+    pub markdown: PathBuf,
+}
+
+fn cell(v: &Verdict) -> (&'static str, &'static str) {
+    match v {
+        Verdict::Pass => ("pass", "#c8e6c9"),
+        Verdict::Fail => ("FAIL", "#ef9a9a"),
+        Verdict::Error(_) => ("ERROR", "#ef9a9a"),
+        Verdict::Ignored(_) => ("–", "#eeeeee"),
+        Verdict::ExpectedFail(_) => ("xfail", "#ffe0b2"),
+        Verdict::UnexpectedPass(_) => ("XPASS", "#ef9a9a"),
+    }
+}
+
+/// Writes `report.html` and `report.md` under `out`.
+pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Written> {
+    let run = compare::load(run_path)?;
+    let cmp: Option<(Run, Comparison)> = match baseline {
+        None => None,
+        Some(b) => {
+            let base = compare::load(b)?;
+            if let Some(why) = compare::incompatible(&base, &run) {
+                anyhow::bail!("cannot compare with the baseline {}: {why}", b.display());
+            }
+            let c = compare::compare(&base, &run);
+            Some((base, c))
+        }
+    };
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let trials: Vec<&TrialOutcome> = run.trials.values().collect();
+    let tally = crate::trials::Tally::of(trials.iter().copied());
+    let runs: Vec<&TrialOutcome> = trials.iter().copied().filter(|o| o.kind == TrialKind::Run).collect();
+
+    // Verdict matrix: cases × backend/implementation, failing cases first.
+    let columns: BTreeSet<String> = runs.iter().map(|o| format!("{}/{}", o.backend, o.implementation)).collect();
+    let mut by_case: BTreeMap<String, BTreeMap<String, &TrialOutcome>> = BTreeMap::new();
+    for o in &runs {
+        by_case.entry(o.case.clone()).or_default().insert(format!("{}/{}", o.backend, o.implementation), o);
+    }
+    let mut cases: Vec<(&String, bool)> = by_case.iter().map(|(c, m)| (c, m.values().any(|o| !o.verdict.is_ok()))).collect();
+    cases.sort_by_key(|(c, bad)| (!bad, (*c).clone()));
+
+    // Time against size, per implementation (executed trials with timed runs).
+    let mut time: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut mem: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut margin: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut budget_line: Option<(f64, u64)> = None;
+    for o in &runs {
+        let key = format!("{}/{}", o.backend, o.implementation);
+        if let (Some(t), Some(n)) = (o.timing.as_ref().and_then(|t| t.median_s()), elements(&o.case)) {
+            time.entry(key.clone()).or_default().push((n, t));
+        }
+        if let Some(m) = o.memory.as_ref().filter(|m| m.source.as_deref().is_some_and(|s| s.starts_with("libtpu"))) {
+            if let (Some(r), Some(f)) = (m.peak_over_floor(), m.floor_bytes) {
+                mem.entry(key.clone()).or_default().push((f as f64, r));
+            }
+        }
+        if let Some(b) = &o.budget {
+            let cur = budget_line.unwrap_or((0.0, 0));
+            budget_line = Some((cur.0.max(b.max_peak_over_floor), cur.1.max(b.slack_bytes)));
+        }
+        for g in &o.gates {
+            if g.bound_used.is_finite() && g.bound_used > 0.0 {
+                margin.entry(g.output.to_string()).or_default().push((g.bound_used, 0.0));
+            }
+        }
+    }
+    let series = |m: BTreeMap<String, Vec<(f64, f64)>>| m.into_iter().map(|(name, points)| Series { name, points }).collect::<Vec<_>>();
+    let margin_series: Vec<Series> = margin
+        .into_iter()
+        .enumerate()
+        .map(|(k, (name, pts))| Series { name, points: pts.into_iter().map(|(x, _)| (x, k as f64 + 1.0)).collect() })
+        .collect();
+    let time_svg = scatter("Median time against problem size", "elements of the differentiable input(s)", "median seconds", &series(time), true, true, None);
+    let budget_label = budget_line.map(|(r, slack)| {
+        if slack > 0 {
+            format!("budget {r}× (+{} fixed: small floors sit above the line and pass)", crate::runner::human_bytes(slack))
+        } else {
+            format!("budget {r}×")
+        }
+    });
+    let mem_svg = scatter(
+        "Compiled peak HBM over the floor (tpu-aot, per chip)",
+        "floor: arguments + outputs − aliased (bytes)",
+        "peak / floor",
+        &series(mem),
+        true,
+        false,
+        budget_line.map(|(r, _)| (r, budget_label.as_deref().unwrap_or("budget"))),
+    );
+    let margin_svg = scatter(
+        "Each output's norm-wise error as a fraction of its gate's bound (1 = on the bound)",
+        "‖out − ref‖ / bound",
+        "output (one row each)",
+        &margin_series,
+        true,
+        false,
+        None,
+    );
+
+    // Markdown.
+    let mut md = format!(
+        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}.\n\n**{} passed, {} failed, {} errors, {} ignored, {} expected failures, {} unexpected passes** ({} trials).\n\n",
+        run_path.display(),
+        run.suite,
+        run.oracle_version,
+        run.generator_version,
+        run.tol_scale,
+        tally.passed,
+        tally.failed,
+        tally.errors,
+        tally.ignored,
+        tally.expected_fail,
+        tally.unexpected_pass,
+        trials.len()
+    );
+    md.push_str("| backend/implementation | pass | fail | error | ignored |\n| --- | --- | --- | --- | --- |\n");
+    for col in &columns {
+        let of = |f: &dyn Fn(&Verdict) -> bool| runs.iter().filter(|o| &format!("{}/{}", o.backend, o.implementation) == col && f(&o.verdict)).count();
+        let _ = writeln!(
+            md,
+            "| {col} | {} | {} | {} | {} |",
+            of(&|v| *v == Verdict::Pass),
+            of(&|v| matches!(v, Verdict::Fail | Verdict::UnexpectedPass(_))),
+            of(&|v| matches!(v, Verdict::Error(_))),
+            of(&|v| matches!(v, Verdict::Ignored(_)))
+        );
+    }
+    let bad: Vec<&&TrialOutcome> = trials.iter().filter(|o| !o.verdict.is_ok()).collect();
+    let _ = write!(md, "\n## Not passing ({})\n\n", bad.len());
+    for o in &bad {
+        let _ = writeln!(md, "- `{}`: {} — {}", o.name, o.verdict.label(), o.failure_text().lines().next().unwrap_or(""));
+    }
+    if let Some((base, c)) = &cmp {
+        md.push('\n');
+        md.push_str(&compare::markdown(baseline.unwrap(), run_path, base, c));
+    }
+
+    // HTML.
+    let mut html = String::from("<!doctype html><html><head><meta charset=\"utf-8\"><title>grpo-conformance report</title><style>body{font-family:sans-serif;margin:24px;max-width:1400px}table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}th{background:#f5f5f5;position:sticky;top:0}.m td{text-align:center}.m td.case{text-align:left;font-family:monospace}h2{margin-top:32px}</style></head><body>");
+    let _ = write!(
+        html,
+        "<h1>grpo-conformance report</h1><p>{} · suite <b>{}</b> · oracle v{} · generator v{} · tolerance scale {}</p><p style=\"font-size:18px\"><b>{} passed, {} failed, {} errors, {} ignored</b>, {} expected failures, {} unexpected passes ({} trials)</p>",
+        esc(&run_path.display().to_string()),
+        esc(&run.suite),
+        run.oracle_version,
+        run.generator_version,
+        run.tol_scale,
+        tally.passed,
+        tally.failed,
+        tally.errors,
+        tally.ignored,
+        tally.expected_fail,
+        tally.unexpected_pass,
+        trials.len()
+    );
+    if let Some((_, c)) = &cmp {
+        let _ = write!(html, "<h2>Against the baseline: {}</h2><p>{} trials matched; {} regressions, {} improvements.</p>", if c.regressed() { "REGRESSED" } else { "no regression" }, c.matched, c.regressions.len(), c.improvements.len());
+        for (title, list) in [("Regressions", &c.regressions), ("Improvements and new trials", &c.improvements)] {
+            if list.is_empty() {
+                continue;
+            }
+            let _ = write!(html, "<h3>{title}</h3><table><tr><th>trial</th><th>what</th><th>base</th><th>new</th></tr>");
+            for x in list.iter() {
+                let _ = write!(html, "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>", esc(&x.trial), esc(&x.what), esc(&x.base), esc(&x.new));
+            }
+            html.push_str("</table>");
+        }
+    }
+    let _ = write!(html, "<h2>Plots</h2>{time_svg}<br>{mem_svg}<br>{margin_svg}");
+    let _ = write!(html, "<h2>Verdicts: cases × implementations (failing cases first)</h2><table class=\"m\"><tr><th>case</th>");
+    for col in &columns {
+        let _ = write!(html, "<th>{}</th>", esc(col).replace('/', "/<br>"));
+    }
+    html.push_str("</tr>");
+    for (case, _) in &cases {
+        let _ = write!(html, "<tr><td class=\"case\">{}</td>", esc(case));
+        for col in &columns {
+            match by_case[*case].get(col) {
+                None => html.push_str("<td></td>"),
+                Some(o) => {
+                    let (label, color) = cell(&o.verdict);
+                    let _ = write!(html, "<td style=\"background:{color}\" title=\"{}\">{label}</td>", esc(&o.failure_text()));
+                }
+            }
+        }
+        html.push_str("</tr>");
+    }
+    html.push_str("</table>");
+    let other: Vec<&&TrialOutcome> = trials.iter().filter(|o| o.kind != TrialKind::Run).collect();
+    let _ = write!(html, "<h2>Golden and should-fail trials</h2><table><tr><th>trial</th><th>verdict</th><th>detail</th></tr>");
+    for o in other {
+        let (label, color) = cell(&o.verdict);
+        let _ = write!(html, "<tr><td><code>{}</code></td><td style=\"background:{color}\">{label}</td><td>{}</td></tr>", esc(&o.name), esc(o.detail.as_deref().unwrap_or("")));
+    }
+    html.push_str("</table></body></html>\n");
+    let written = Written { html: out.join("report.html"), markdown: out.join("report.md") };
+    std::fs::write(&written.html, html).with_context(|| format!("cannot write {}", written.html.display()))?;
+    std::fs::write(&written.markdown, md).with_context(|| format!("cannot write {}", written.markdown.display()))?;
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elements_from_case_ids() {
+        assert_eq!(elements("logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0/normal1-random-mixed"), Some(2.0 * 8.0 * 2049.0));
+        assert_eq!(elements("fused/bf16/b1_t512_v151936_h512/grpo/x/y/z"), Some(512.0 * 512.0 + 512.0 * 151936.0));
+        assert_eq!(elements("nonsense"), None);
+    }
+
+    #[test]
+    fn plots_are_self_contained_svg() {
+        let s = scatter("t", "x", "y", &[Series { name: "a<b".into(), points: vec![(1.0, 2.0), (10.0, 3.0)] }], true, false, Some((2.5, "budget")));
+        assert!(s.starts_with("<svg") && s.ends_with("</svg>") && s.contains("a&lt;b") && s.contains("budget"));
+        assert!(!s.contains("<script") && !s.contains("href"));
+    }
+}
