@@ -9,11 +9,14 @@
 //!   (the gates are deterministic for fixed inputs, so unchanged code gives equal errors);
 //! - **memory**: the compiled peak grew by more than [`PEAK_MARGIN`] (deterministic for a
 //!   pinned compiler);
-//! - **time**: judged when both runs have ≥ 3 timed executions and BASE's median is at
-//!   least [`MIN_JUDGED_S`] (shorter runs are timer noise): slower when both NEW's median
-//!   and NEW's fastest run exceed BASE's by more than max(10%, 3 × the larger relative
-//!   median absolute deviation of the two series). Noise only ever adds time, so a
-//!   transient load that slows some runs moves the median but not the minimum.
+//! - **time**, per backend/implementation: a trial is judged when both runs have ≥ 3 timed
+//!   executions and BASE's median is at least [`MIN_JUDGED_S`] (shorter runs are timer
+//!   noise); its ratio is NEW's median over BASE's. An implementation is slower when the
+//!   median of its trials' ratios exceeds 1 + max(10%, 3 × their relative median absolute
+//!   deviation). A single trial's series lasts milliseconds, so a transient load can slow
+//!   all of its runs (measured: up to +45% between two runs of unchanged code); it cannot
+//!   slow most trials of an implementation, which are minutes apart. An implementation
+//!   with one judged trial is judged on it alone, with the same threshold on its own runs.
 //!
 //! Improvements (back to pass, smaller peak, faster) and appeared trials are reported but
 //! never fail the comparison.
@@ -83,7 +86,7 @@ pub fn load(path: &Path) -> Result<Run> {
 /// One finding.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Finding {
-    /// Trial name.
+    /// Trial name (for time: `backend/implementation`, judged over its trials).
     pub trial: String,
     /// `verdict`, `vanished`, `appeared`, `error`, `memory` or `time`.
     pub what: String,
@@ -164,6 +167,7 @@ fn verdict_text(v: &Verdict) -> String {
 /// Compares two runs (assumed compatible).
 pub fn compare(base: &Run, new: &Run) -> Comparison {
     let mut c = Comparison::default();
+    let mut timed: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
     let f = |trial: &str, what: &str, base: String, new: String| Finding { trial: trial.into(), what: what.into(), base, new };
     for (name, b) in &base.trials {
         let Some(n) = new.trials.get(name) else {
@@ -201,16 +205,18 @@ pub fn compare(base: &Run, new: &Run) -> Comparison {
         let (rb, rn) = (runs(b), runs(n));
         if rb.len() >= 3 && rn.len() >= 3 && median(&rb) >= MIN_JUDGED_S {
             c.time_judged += 1;
-            let (mb, mn) = (median(&rb), median(&rn));
-            let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
-            let (lb, ln) = (min(&rb), min(&rn));
-            let th = slowdown_threshold(&rb, &rn);
-            let text = |m: f64| format!("{:.3} ms", m * 1e3);
-            if mn > mb * (1.0 + th) && ln > lb * (1.0 + th) {
-                c.regressions.push(f(name, "time", text(mb), format!("{} (+{:.0}%, threshold {:.0}%)", text(mn), 100.0 * (mn / mb - 1.0), 100.0 * th)));
-            } else if mn < mb / (1.0 + th) && ln < lb / (1.0 + th) {
-                c.improvements.push(f(name, "time", text(mb), format!("{} ({:.0}%)", text(mn), 100.0 * (mn / mb - 1.0))));
-            }
+            timed.entry(format!("{}/{}", n.backend, n.implementation)).or_default().push((median(&rb), median(&rn), slowdown_threshold(&rb, &rn)));
+        }
+    }
+    for (imp, v) in &timed {
+        let ratios: Vec<f64> = v.iter().map(|(b, n, _)| n / b).collect();
+        let r = median(&ratios);
+        let th = if v.len() == 1 { v[0].2 } else { MIN_SLOWDOWN.max(3.0 * rel_mad(&ratios)) };
+        let (base, new) = (format!("{} judged trials", v.len()), format!("median time ×{r:.3} ({:+.0}%, threshold {:.0}%)", 100.0 * (r - 1.0), 100.0 * th));
+        if r > 1.0 + th {
+            c.regressions.push(f(imp, "time", base, new));
+        } else if r < 1.0 / (1.0 + th) {
+            c.improvements.push(f(imp, "time", base, new));
         }
     }
     for name in new.trials.keys().filter(|n| !base.trials.contains_key(*n)) {

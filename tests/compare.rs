@@ -1,12 +1,13 @@
 //! `grpo-suite compare` on recorded series: two runs of the same code compare clean; a
-//! copy of the first with a 20% slowdown injected into one implementation, a 10% larger
+//! copy of the first with a 20% slowdown injected into one implementation (every run of
+//! every trial ×1.2), a 10% larger
 //! compiled peak on one trial and one pass turned into a fail is flagged for exactly
 //! those, nothing else. (One test function: the two timed runs must not overlap other
 //! work of this binary.)
 
 #![cfg(feature = "pjrt")]
 
-use grpo_conformance::compare::{self, slowdown_threshold};
+use grpo_conformance::compare;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -50,8 +51,7 @@ fn compare_flags_exactly_the_injected_regressions() {
             // the recorded spread keeps the threshold below it.
             let mut sorted = runs.clone();
             sorted.sort_by(f64::total_cmp);
-            if sorted[2] >= compare::MIN_JUDGED_S && slowdown_threshold(&runs, &slow) < 0.2 * 0.999 {
-                want.push((name.clone(), "time"));
+            if sorted[2] >= compare::MIN_JUDGED_S {
                 slowed_and_judged += 1;
             }
         } else if !peak_done && l["backend"] == "tpu-aot-v6e-2x2" {
@@ -65,7 +65,10 @@ fn compare_flags_exactly_the_injected_regressions() {
             fail_done = true;
         }
     }
-    assert!(slowed_and_judged >= 1, "no naive_f32 series was steady enough to judge a 20% slowdown");
+    // Every judged naive_f32 trial is 20% slower: the implementation's median ratio is
+    // exactly 1.2 with no spread, beyond the 10% floor of the rule.
+    assert!(slowed_and_judged >= 2, "naive_f32 trials must be long enough to be judged");
+    want.push(("reference/naive_f32".to_string(), "time"));
     std::fs::write(&inj, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
     let o = suite(&["compare", a.to_str().unwrap(), inj.to_str().unwrap(), "--json"]);
     assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
