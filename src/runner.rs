@@ -251,6 +251,11 @@ impl CaseCache {
         cell.get_or_init(|| Arc::new(Prepared::new(case))).clone()
     }
 
+    /// Whether `case`'s inputs and oracle are already computed (and held).
+    pub fn is_ready(&self, case: &Case) -> bool {
+        self.slots.lock().unwrap().get(&case.id).is_some_and(|(cell, _)| cell.get().is_some())
+    }
+
     /// One trial of `case` is done; the last one frees the case.
     pub fn done(&self, case: &Case) {
         let mut s = self.slots.lock().unwrap();

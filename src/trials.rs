@@ -217,17 +217,26 @@ impl Plan {
         }
         let cases: Vec<Arc<Case>> = matrix.suite(suite).into_iter().cloned().map(Arc::new).collect();
         let mut trials = Vec::new();
-        for b in &names {
-            let target = match by_name.get(b) {
-                Some(x) => Target::Ready(x.clone()),
-                None => {
-                    let reason = unavailable.iter().find(|u| &u.name == b).map(|u| u.reason.clone()).unwrap_or_default();
-                    Target::Unavailable { reason, required: required.contains(b) }
-                }
-            };
-            for imp in configured_implementations(config, b) {
-                for c in &cases {
-                    let expected = config.expected_failures.iter().find(|e| e.matches(b, &imp, &c.id)).cloned();
+        let targets: Vec<(String, Target, Vec<String>)> = names
+            .iter()
+            .map(|b| {
+                let target = match by_name.get(b) {
+                    Some(x) => Target::Ready(x.clone()),
+                    None => {
+                        let reason = unavailable.iter().find(|u| &u.name == b).map(|u| u.reason.clone()).unwrap_or_default();
+                        Target::Unavailable { reason, required: required.contains(b) }
+                    }
+                };
+                (b.clone(), target, configured_implementations(config, b))
+            })
+            .collect();
+        // Case-major: every trial of a case, then its golden check, before the next case,
+        // so a sequential run holds one case's inputs and oracle at a time (gigabytes at
+        // the nightly shapes).
+        for c in &cases {
+            for (b, target, impls) in &targets {
+                for imp in impls {
+                    let expected = config.expected_failures.iter().find(|e| e.matches(b, imp, &c.id)).cloned();
                     trials.push(Trial {
                         name: format!("{b}/{imp}/{}", c.id),
                         key: (b.clone(), imp.clone(), c.id.clone()),
@@ -235,8 +244,6 @@ impl Plan {
                     });
                 }
             }
-        }
-        for c in &cases {
             trials.push(Trial { name: format!("golden/{}", c.id), key: ("golden".into(), "oracle".into(), c.id.clone()), work: Work::Golden(c.clone()) });
         }
         // The wrong variants need the ci tier's variety (τ ≠ 1, empty rows, ...) to be caught.
@@ -336,7 +343,7 @@ impl Plan {
                                 o.verdict = Verdict::Ignored(reason);
                                 o
                             }
-                            Ok(()) => match needs.then(|| check_host_memory(case)).transpose() {
+                            Ok(()) => match (needs && !cache.is_ready(case)).then(|| check_host_memory(case)).transpose() {
                                 Err(e) => {
                                     let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
                                     o.verdict = Verdict::Error(e);
@@ -369,7 +376,7 @@ impl Plan {
             }
             Work::Golden(case) => {
                 let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Golden, b, i, c);
-                if let Err(e) = check_host_memory(case) {
+                if let Err(e) = if cache.is_ready(case) { Ok(()) } else { check_host_memory(case) } {
                     cache.done(case);
                     o.verdict = Verdict::Error(e);
                     o.wall_s = t0.elapsed().as_secs_f64();

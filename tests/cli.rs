@@ -408,3 +408,22 @@ fn golden_update_shows_changes_and_wants_force_without_a_version_bump() {
     let o = suite(&["golden", "check", "--suite", "smoke", "--dir", d]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+#[test]
+fn trials_are_listed_case_by_case() {
+    // A sequential run holds one case's inputs and oracle at a time only if each case's
+    // trials are contiguous (gigabytes per case at the nightly shapes).
+    let o = suite(&["run", "--suite", "nightly", "--list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let names = String::from_utf8(o.stdout).unwrap();
+    let mut seen: Vec<String> = Vec::new();
+    for n in names.lines().filter(|n| !n.starts_with("should-fail/")) {
+        let case = n.splitn(3, '/').nth(if n.starts_with("golden/") { 1 } else { 2 }).unwrap();
+        let case = if n.starts_with("golden/") { &n["golden/".len()..] } else { case };
+        if seen.last().map(String::as_str) != Some(case) {
+            assert!(!seen.iter().any(|s| s == case), "trials of {case} are not contiguous");
+            seen.push(case.to_string());
+        }
+    }
+    assert!(seen.len() >= 12);
+}
