@@ -244,7 +244,10 @@ fn supervise(
     let mut remaining: VecDeque<String> = names.iter().cloned().collect();
     let dir = tempfile_dir()?;
     let list = dir.join("trials.txt");
-    let exe = std::env::current_exe().context("cannot find this binary to start a worker")?;
+    // /proc/self/exe is this process's own executable even if the file was rebuilt or
+    // removed during a long run (current_exe() would then name a deleted path).
+    let proc_exe = PathBuf::from("/proc/self/exe");
+    let exe = if proc_exe.exists() { proc_exe } else { std::env::current_exe().context("cannot find this binary to start a worker")? };
     while !remaining.is_empty() {
         std::fs::write(&list, remaining.iter().map(|n| format!("{n}\n")).collect::<String>())?;
         let mut cmd = Command::new(&exe);
