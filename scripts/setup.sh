@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of everything the suite needs on a fresh Debian machine:
-# Debian packages, the pinned Python venv (.venv) with jax and the PJRT CPU plugin.
+# Debian packages, the pinned Python venv (.venv) with jax, the PJRT CPU plugin and libtpu
+# (the TPU compiler of the tpu-aot backend; requirements.lock pins it).
 # Safe to run again: each step checks first and does nothing when already done.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
