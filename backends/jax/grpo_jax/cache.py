@@ -78,7 +78,15 @@ def store(cache_dir: Path, key: str, module: bytes, manifest: dict) -> Path:
                 shutil.rmtree(tmp)
                 return final
             shutil.rmtree(final)  # stale, incomplete entry
-        os.rename(tmp, final)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Another exporter (a parallel test or run) stored the same key between the
+            # check above and the rename: its complete entry is as good as ours.
+            if lookup(cache_dir, key) is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            return final
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -241,3 +241,22 @@ def test_check_config_names_each_bad_entry():
     assert "unknown implementation id 'jax_baselin'" in out[0]["error"]
     assert "blockrows" in out[1]["error"]
     assert "block_rows must be a positive integer" in out[2]["error"]
+
+
+def test_store_tolerates_a_concurrent_writer_of_the_same_key(tmp_path, monkeypatch):
+    # Two exporters (parallel tests) export the same module: the second one's rename finds
+    # the first one's complete entry in place ("Directory not empty"); that is success.
+    from grpo_jax import cache
+    real_rename = cache.os.rename
+    manifest = {"key": "k1"}
+
+    def racing_rename(src, dst):
+        monkeypatch.setattr(cache.os, "rename", real_rename)
+        cache.store(tmp_path, "k1", b"winner", manifest)  # the other writer wins the race
+        real_rename(src, dst)  # raises: the directory is there and not empty
+
+    monkeypatch.setattr(cache.os, "rename", racing_rename)
+    final = cache.store(tmp_path, "k1", b"loser", manifest)
+    assert (final / cache.MODULE_FILE).read_bytes() == b"winner"
+    assert cache.lookup(tmp_path, "k1") == manifest
+    assert [p.name for p in tmp_path.iterdir()] == ["k1"]  # no temporary left behind
