@@ -93,7 +93,7 @@ impl PjrtCpu {
     }
 
     fn options(&self, implementation: &str) -> Option<&ImplConfig> {
-        self.impls.iter().find(|c| c.display_name() == implementation)
+        super::export::find(&self.impls, implementation)
     }
 
     /// Modules exported so far (by this backend, in this process).
@@ -152,11 +152,7 @@ impl Backend for PjrtCpu {
                 ));
             }
         }
-        match self.exporter.get(imp, case) {
-            Ok(Exported::Unsupported(reason)) => Err(reason),
-            // Export failures are trial errors (in `run`), never silent skips.
-            _ => Ok(()),
-        }
+        self.exporter.support(imp, case)
     }
 
     fn validate(&self) -> Result<()> {
@@ -164,8 +160,7 @@ impl Backend for PjrtCpu {
     }
 
     fn prepare(&self, work: &[(&str, &Case)]) -> Result<()> {
-        let w: Vec<(&ImplConfig, &Case)> = work.iter().filter_map(|(n, c)| self.options(n).map(|o| (o, *c))).collect();
-        self.exporter.ensure(&w)
+        self.exporter.prepare_named(&self.impls, work)
     }
 
     fn run(&self, implementation: &str, case: &Case, inputs: &Inputs, opts: &RunOptions) -> Result<RunResult> {

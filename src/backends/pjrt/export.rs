@@ -186,6 +186,11 @@ fn check_python(python: &Path) -> Result<()> {
     }
 }
 
+/// The configured implementation called `name` (its display name).
+pub fn find<'a>(impls: &'a [ImplConfig], name: &str) -> Option<&'a ImplConfig> {
+    impls.iter().find(|c| c.display_name() == name)
+}
+
 /// The exporter of one backend: which Python, which cache, which platform, and what it
 /// has answered so far (per implementation name and case id). Only work a trial will
 /// run is ever sent to it.
@@ -320,6 +325,21 @@ impl Exporter {
         } else {
             bail!("{}", bad.join("; "))
         }
+    }
+
+    /// The exporter's support answer: `Err(reason)` when the implementation declares the
+    /// case unsupported. Export failures are trial errors (in `run`), never silent skips.
+    pub fn support(&self, imp: &ImplConfig, case: &Case) -> Result<(), String> {
+        match self.get(imp, case) {
+            Ok(Exported::Unsupported(reason)) => Err(reason),
+            _ => Ok(()),
+        }
+    }
+
+    /// Exports the work items whose implementation is one of `impls` (by name).
+    pub fn prepare_named(&self, impls: &[ImplConfig], work: &[(&str, &Case)]) -> Result<()> {
+        let w: Vec<(&ImplConfig, &Case)> = work.iter().filter_map(|(n, c)| find(impls, n).map(|o| (o, *c))).collect();
+        self.ensure(&w)
     }
 
     /// How many modules this exporter has answered for (what a filtered run exported).

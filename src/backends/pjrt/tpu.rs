@@ -84,7 +84,7 @@ mod imp {
         }
 
         fn options(&self, implementation: &str) -> Option<&ImplConfig> {
-            self.impls.iter().find(|c| c.display_name() == implementation)
+            super::super::export::find(&self.impls, implementation)
         }
     }
 
@@ -101,10 +101,7 @@ mod imp {
             let Some(imp) = self.options(implementation) else {
                 return Err(format!("pjrt-tpu has no implementation `{implementation}` configured"));
             };
-            match self.exporter.get(imp, case) {
-                Ok(Exported::Unsupported(reason)) => Err(reason),
-                _ => Ok(()),
-            }
+            self.exporter.support(imp, case)
         }
 
         fn validate(&self) -> Result<()> {
@@ -112,8 +109,7 @@ mod imp {
         }
 
         fn prepare(&self, work: &[(&str, &Case)]) -> Result<()> {
-            let w: Vec<(&ImplConfig, &Case)> = work.iter().filter_map(|(n, c)| self.options(n).map(|o| (o, *c))).collect();
-            self.exporter.ensure(&w)
+            self.exporter.prepare_named(&self.impls, work)
         }
 
         fn run(&self, implementation: &str, case: &Case, inputs: &Inputs, opts: &RunOptions) -> Result<RunResult> {

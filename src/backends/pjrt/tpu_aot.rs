@@ -129,7 +129,7 @@ impl TpuAot {
     }
 
     fn options(&self, implementation: &str) -> Option<&ImplConfig> {
-        self.impls.iter().find(|c| c.display_name() == implementation)
+        super::export::find(&self.impls, implementation)
     }
 
     /// Compiles a StableHLO module for this topology: memory, cost and compile time.
@@ -190,10 +190,7 @@ impl Backend for TpuAot {
         let Some(imp) = self.options(implementation) else {
             return Err(format!("{} has no implementation `{implementation}` configured", self.name));
         };
-        match self.exporter.get(imp, case) {
-            Ok(Exported::Unsupported(reason)) => Err(reason),
-            _ => Ok(()),
-        }
+        self.exporter.support(imp, case)
     }
 
     fn validate(&self) -> Result<()> {
@@ -201,8 +198,7 @@ impl Backend for TpuAot {
     }
 
     fn prepare(&self, work: &[(&str, &Case)]) -> Result<()> {
-        let w: Vec<(&ImplConfig, &Case)> = work.iter().filter_map(|(n, c)| self.options(n).map(|o| (o, *c))).collect();
-        self.exporter.ensure(&w)
+        self.exporter.prepare_named(&self.impls, work)
     }
 
     fn run(&self, implementation: &str, case: &Case, _inputs: &Inputs, _opts: &RunOptions) -> Result<RunResult> {
