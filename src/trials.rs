@@ -96,8 +96,8 @@ impl Trial {
     /// Whether the trial needs the case's inputs and oracle.
     fn needs_oracle(&self) -> Option<&Arc<Case>> {
         match &self.work {
-            Work::Run { target: Target::Ready(b), case, .. } if b.executes() => Some(case),
-            Work::Golden(c) => Some(c),
+            Work::Run { target: Target::Ready(b), case, .. } if b.executes() && !case.compile_only => Some(case),
+            Work::Golden(c) if !c.compile_only => Some(c),
             _ => None,
         }
     }
@@ -313,7 +313,9 @@ impl Plan {
     pub fn ignored(&self, t: &Trial) -> Option<String> {
         match &t.work {
             Work::Run { target: Target::Unavailable { reason, required: false }, .. } => Some(format!("backend unavailable: {reason}")),
+            Work::Run { target: Target::Ready(b), case, .. } if b.executes() && case.compile_only => Some(COMPILE_ONLY.into()),
             Work::Run { target: Target::Ready(b), implementation, case, .. } => b.supports(implementation, case).err(),
+            Work::Golden(c) if c.compile_only => Some(COMPILE_ONLY_GOLDEN.into()),
             _ => None,
         }
     }
@@ -333,6 +335,11 @@ impl Plan {
                         } else {
                             Verdict::Ignored(format!("backend unavailable: {reason}"))
                         };
+                        o
+                    }
+                    Target::Ready(backend) if backend.executes() && case.compile_only => {
+                        let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
+                        o.verdict = Verdict::Ignored(COMPILE_ONLY.into());
                         o
                     }
                     Target::Ready(backend) => {
@@ -372,6 +379,11 @@ impl Plan {
                         other => other,
                     };
                 }
+                o
+            }
+            Work::Golden(case) if case.compile_only => {
+                let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Golden, b, i, c);
+                o.verdict = Verdict::Ignored(COMPILE_ONLY_GOLDEN.into());
                 o
             }
             Work::Golden(case) => {
@@ -414,7 +426,7 @@ impl Plan {
         let mut o = TrialOutcome::new(t.name.clone(), TrialKind::ShouldFail, b, i, c);
         let opts = RunOptions { warmup: 0, repeats: 0 };
         for case in &self.cases {
-            if self.reference.supports(i, case).is_err() {
+            if case.compile_only || self.reference.supports(i, case).is_err() {
                 continue;
             }
             let prep = Prepared::new(case);
@@ -433,6 +445,11 @@ impl Plan {
         o
     }
 }
+
+/// Why an executing backend's trial of a `compile_only` case is ignored.
+pub const COMPILE_ONLY: &str = "compile-only case: only backends that compile without executing (tpu-aot) run it";
+/// Why a `compile_only` case has no golden check.
+pub const COMPILE_ONLY_GOLDEN: &str = "compile-only case: no inputs, oracle or golden values";
 
 /// Counts of a finished run, for the closing line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -203,4 +203,7 @@ axes!(
     advantages: AdvPattern,
     /// Tolerance tier.
     tier: TierName,
+    /// Only backends that compile without executing (tpu-aot) run the case: no inputs,
+    /// oracle or golden values (shapes whose f64 oracle would take hours on a CPU).
+    compile_only: bool,
 );

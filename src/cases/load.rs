@@ -257,6 +257,7 @@ fn to_case(p: &Point, suites: &[Suite], origin: &str) -> Result<Case, String> {
         mask: p.mask.unwrap_or(MaskPattern::Random),
         advantages: p.advantages.unwrap_or(AdvPattern::Mixed),
         tier: p.tier.unwrap_or(TierName::Standard),
+        compile_only: p.compile_only.unwrap_or(false),
         suites: {
             let mut s = suites.to_vec();
             s.sort();
@@ -280,6 +281,12 @@ fn merge(cases: Vec<Case>) -> Result<Matrix> {
                 by_id.insert(c.id.clone(), c);
             }
             Some(prev) => {
+                if prev.compile_only != c.compile_only {
+                    bail!(
+                        "case {} is defined twice, compile_only in one place only ({} and {})",
+                        c.id, prev.origin, c.origin
+                    );
+                }
                 if prev.tier != c.tier {
                     bail!(
                         "case {} is defined twice with different tiers ({} in {}, {} in {})",

@@ -52,6 +52,8 @@ pub struct Case {
     pub advantages: AdvPattern,
     /// Tolerance tier the gates apply.
     pub tier: TierName,
+    /// Run by compile-only backends only (no inputs, oracle or golden values).
+    pub compile_only: bool,
     /// Suites the case belongs to (`full` is implied for all).
     pub suites: Vec<Suite>,
     /// YAML file and group that produced the case.

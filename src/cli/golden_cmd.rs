@@ -58,9 +58,10 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
         .suite(suite)
         .into_iter()
         .filter(|c| filter.as_deref().is_none_or(|f| c.id.contains(f)))
+        .filter(|c| !c.compile_only) // no inputs, oracle or golden values
         .collect();
     if cases.is_empty() {
-        bail!("no case of suite {suite} matches the filter: nothing would be checked");
+        bail!("no case of suite {suite} with golden values matches the filter: nothing would be checked");
     }
     if !update && !dir.is_dir() {
         bail!("golden directory {} does not exist (check --dir)", dir.display());

@@ -83,6 +83,7 @@ from jax.experimental.pallas import tpu as pltpu
 from ..spec import Knobs, Problem, RequestError
 from . import grpo_math
 from .interface import Capabilities, Implementation
+from .tpu_layout import tpu_default_order
 
 f32 = jnp.float32
 
@@ -105,30 +106,9 @@ def _round_up(x: int, m: int) -> int:
 
 
 def tpu_default_layout(shape, dtype: str) -> str:
-    """The physical order (major to minor, e.g. "bvt") XLA:TPU gives an entry parameter
-    or result of this shape and dtype under the default layout mode.
-
-    XLA:TPU picks the "compact" layout: the dimension order whose tiled size is least,
-    where the minor dim is padded to 128 lanes and the second-minor dim to its tile rows
-    (the next power of two up to 8, at least 2 for 16-bit types); ties go to the order
-    closest to row-major (the lexicographically largest minor_to_major). An empirical rule:
-    it matches libtpu 0.0.42.1 (v5e and v6e agree) on all 2008 shapes of
-    tests/data/tpu_default_layouts.txt (B 1..32, T 1..2048, V 33..151936, f32/bf16/f16,
-    plus large-B and the suite's nightly shapes). A wrong guess costs copies, not results.
-    """
-    itemsize = _ITEMSIZE[dtype]
-    best = None
-    for m2m in sorted(itertools.permutations(range(3)), reverse=True):
-        minor, second, major = (shape[i] for i in m2m)
-        rows = 1
-        while rows < min(second, SUBLANE):
-            rows *= 2
-        if itemsize == 2:
-            rows = max(rows, 2)
-        size = major * _round_up(second, rows) * _round_up(minor, LANE)
-        if best is None or size < best[0]:  # strict: the first (most row-major) wins ties
-            best = (size, m2m)
-    return "".join(AXES[i] for i in reversed(best[1]))
+    """The physical order (major to minor, e.g. "bvt") XLA:TPU gives a [B, T, V] entry
+    parameter or result of this shape and dtype (``tpu_layout.tpu_default_order``)."""
+    return "".join(AXES[i] for i in tpu_default_order(shape, dtype))
 
 
 # --------------------------------------------------------------------------- kernels

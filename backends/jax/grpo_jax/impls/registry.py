@@ -6,13 +6,14 @@ docs/implementations.md) and append it to ``_ENTRIES`` below.
 
 from __future__ import annotations
 
-from . import baseline, pallas_logits
+from . import baseline, pallas_logits, xla_chunked
 from .interface import Implementation
 
 _ENTRIES: list[Implementation] = [
     baseline.IMPLEMENTATION,
     pallas_logits.IMPLEMENTATION,
     pallas_logits.IMPLEMENTATION_JAXBWD,
+    xla_chunked.IMPLEMENTATION,
 ]
 
 IMPLEMENTATIONS: dict[str, Implementation] = {impl.id: impl for impl in _ENTRIES}
