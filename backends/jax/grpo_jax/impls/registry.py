@@ -6,7 +6,7 @@ docs/implementations.md) and append it to ``_ENTRIES`` below.
 
 from __future__ import annotations
 
-from . import baseline, pallas_logits, xla_chunked
+from . import baseline, pallas_fused, pallas_logits, xla_chunked
 from .interface import Implementation
 
 _ENTRIES: list[Implementation] = [
@@ -14,6 +14,7 @@ _ENTRIES: list[Implementation] = [
     pallas_logits.IMPLEMENTATION,
     pallas_logits.IMPLEMENTATION_JAXBWD,
     xla_chunked.IMPLEMENTATION,
+    pallas_fused.IMPLEMENTATION,
 ]
 
 IMPLEMENTATIONS: dict[str, Implementation] = {impl.id: impl for impl in _ENTRIES}

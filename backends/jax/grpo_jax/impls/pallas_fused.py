@@ -1,0 +1,471 @@
+"""``pallas_fused``: the fused LM-head loss in Pallas kernels that never write [B, T, V].
+
+Each logits tile ``z = hidden[token block] @ lm_head[:, vocab tile]`` is formed on the MXU
+(f32 accumulation) inside a kernel, used, and dropped; only per-token statistics and the
+gradients of the inputs reach HBM. N = B*T tokens (``hidden`` viewed as [N, H], a free
+reshape), H whole in every block (H <= 8192 keeps a [block_tokens, H] block small).
+
+Forward (``grpo_fused_fwd``), grid (token blocks "parallel", vocab tiles "arbitrary"):
+the online logsumexp of the logits kernel, per token in VMEM scratch --
+
+    s = round?(z) / tau      (round? = to the input dtype when logits_dtype == "input")
+    m = running max,  l = sum exp(s - m),  a = sum exp(s - m) * (s - m),  c = s[y]
+    lse = m + log l,  logp = c - lse,  entropy = log l - a / l
+
+Backward (``jax.custom_vjp``; g = d loss / d logp from JAX autodiff of ``grpo_math``):
+the tile is recomputed and ``dz = g * (onehot - exp(s - lse)) / tau``. Two kernels, each
+owning its output tiles, so no output is accumulated across grid steps in HBM and each
+has a "parallel" outer axis (megacore):
+
+  ``grpo_fused_dhidden``, grid (token blocks "parallel", vocab tiles "arbitrary"):
+      acc[bt, H] += dz @ W_tile^T, written as dhidden at the last vocab tile;
+  ``grpo_fused_dlm_head``, grid (vocab tiles "parallel", token blocks "arbitrary"):
+      acc[H, bv] += hidden_block^T @ dz, written as the dlm_head tile at the last token block.
+
+The price is one more recomputation of the logits (5 matmuls of the logits' size in all,
+against 3 for a materialising implementation); the gain is that neither kernel needs an
+[N, H] or [H, V] f32 accumulator in HBM, nor atomics. ``bwd_dz_dtype`` says whether dz
+enters the two backward matmuls in the input dtype (the MXU's native bf16 path; default)
+or in f32.
+
+Unaligned sizes are handled in-kernel, nothing is padded in HBM: the last vocab tile runs
+past V (columns >= V are -inf in the forward, and both dz and the W tile are zeroed there
+in the backward: the out-of-bounds part of a block is unspecified memory, NaN in
+interpret mode, and 0 * NaN is NaN); the last token block runs past N (those rows of dz
+and of the hidden block are zeroed before ``hidden^T @ dz``, the only place where rows
+mix). H is always whole.
+
+Layout: the LM head is read in its physical HBM order. XLA:TPU stores [H, V] as [V][H]
+when that pads less (e.g. bf16 [4096, 151643]); the kernels then work on ``lm_head.T``
+(a bitcast) with [block_v, H] tiles and write ``dlm_head.T`` (option ``lm_head_layout``;
+auto = ``tpu_layout.tpu_default_order`` on tpu, "hv" elsewhere).
+
+``impl_options``:
+  block_tokens     256    tokens per block (clamped to N; Mosaic: a multiple of 8 or N)
+  block_v          512    vocab entries per tile (clamped to V; a multiple of 128 or V)
+  interpret        null   null = auto (True on cpu, False on tpu)
+  lm_head_layout   null   "hv" | "vh" | null (auto, see Layout)
+  bwd_dz_dtype     "input" | "f32": dz's dtype in the backward matmuls
+  vmem_limit_bytes null   Mosaic scoped-VMEM limit per kernel; null = twice the estimated
+                          working set, at least 32 MiB, at most 100 MiB (v5e/v6e have 128)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from ..spec import Knobs, Problem, RequestError
+from . import grpo_math
+from .interface import Capabilities, Implementation
+from .tpu_layout import ITEMSIZE, LANE, SUBLANE, tpu_default_order
+
+f32 = jnp.float32
+_M_INIT = -1e30  # finite initial max: (m_old - m_new) * l_old is then 0, never -inf * 0
+MiB = 1024 * 1024
+VMEM_LIMIT_MAX_BYTES = 128 * MiB
+_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+
+
+class Plan(NamedTuple):
+    """Static facts of one problem the kernels close over."""
+
+    n: int              # tokens, B*T
+    h: int              # hidden size
+    v: int              # vocabulary
+    bt: int             # tokens per block
+    bv: int             # vocab entries per tile
+    vocab_major: bool   # W is lm_head.T, [V, H]
+    dtype: Any          # input dtype (jnp)
+    temperature: float
+    round_logits: bool  # logits_dtype == "input"
+    dz_dtype: Any       # dtype of dz in the backward matmuls
+    precision: Any      # lax.Precision of the matmuls
+
+    @property
+    def tok_blocks(self) -> int:
+        return pl.cdiv(self.n, self.bt)
+
+    @property
+    def voc_tiles(self) -> int:
+        return pl.cdiv(self.v, self.bv)
+
+    @property
+    def tail_v(self) -> bool:
+        return self.v % self.bv != 0
+
+    @property
+    def tail_n(self) -> bool:
+        return self.n % self.bt != 0
+
+
+# --------------------------------------------------------------------------- in-kernel math
+
+def _logits(plan: Plan, h, w):
+    """s = round?(h @ W_tile) / tau, f32 [bt, bv]."""
+    dims = (((1,), (1,)), ((), ())) if plan.vocab_major else (((1,), (0,)), ((), ()))
+    z = jax.lax.dot_general(h, w, dims, preferred_element_type=f32, precision=plan.precision)
+    if plan.round_logits and plan.dtype == jnp.bfloat16:
+        z = _round_to_bf16(z)
+    elif plan.round_logits and plan.dtype != jnp.float32:
+        # f16 runs in interpret mode only (see extra_check): XLA's reduce_precision.
+        info = jnp.finfo(plan.dtype)
+        z = jax.lax.reduce_precision(z, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+    return z / plan.temperature
+
+
+def _round_to_bf16(z):
+    """f32 ``z`` rounded to the nearest bf16 (ties to even), kept in f32: integer ops on
+    the bits, because Mosaic lowers neither ``reduce_precision`` nor a convert round trip
+    that XLA would keep (finite values and +-inf map as a bf16 convert maps them)."""
+    u = jax.lax.bitcast_convert_type(z, jnp.uint32)
+    lsb = jax.lax.shift_right_logical(u, jnp.uint32(16)) & jnp.uint32(1)
+    u = (u + jnp.uint32(0x7FFF) + lsb) & jnp.uint32(0xFFFF0000)
+    return jax.lax.bitcast_convert_type(u, f32)
+
+
+def _cols(plan: Plan, j, shape):
+    return j * plan.bv + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+
+
+def _dz(plan: Plan, j, s, ids, lse, g):
+    """g * (onehot - p) / tau for one tile, 0 in columns >= V."""
+    col = _cols(plan, j, s.shape)
+    onehot = (col == ids).astype(f32)
+    dz = g * (onehot - jnp.exp(s - lse)) / plan.temperature
+    if plan.tail_v:
+        dz = jnp.where(col < plan.v, dz, 0.0)
+    return dz
+
+
+def _valid_w(plan: Plan, j, w):
+    """The W tile with its out-of-bounds vocab entries (last tile) set to 0."""
+    if not plan.tail_v:
+        return w
+    axis = 0 if plan.vocab_major else 1
+    col = j * plan.bv + jax.lax.broadcasted_iota(jnp.int32, w.shape, axis)
+    return jnp.where(col < plan.v, w, jnp.zeros_like(w))
+
+
+# --------------------------------------------------------------------------- kernels
+
+def _fwd_kernel(ids_ref, h_ref, w_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a_sc, c_sc,
+                *, plan: Plan):
+    j = pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _init():
+        m_sc[...] = jnp.full(m_sc.shape, _M_INIT, f32)
+        l_sc[...] = jnp.zeros(l_sc.shape, f32)
+        a_sc[...] = jnp.zeros(a_sc.shape, f32)
+        c_sc[...] = jnp.zeros(c_sc.shape, f32)
+
+    s = _logits(plan, h_ref[...], w_ref[...])
+    col = _cols(plan, j, s.shape)
+    if plan.tail_v:
+        s = jnp.where(col < plan.v, s, -jnp.inf)
+    m_old, l_old, a_old = m_sc[...], l_sc[...], a_sc[...]
+    m_new = jnp.maximum(m_old, jnp.max(s, axis=1, keepdims=True))
+    alpha = jnp.exp(m_old - m_new)
+    d = s - m_new
+    e = jnp.exp(d)
+    ed = jnp.where(e > 0, e * d, 0.0)  # e == 0 (masked or -inf logit): no 0 * -inf
+    l_sc[...] = alpha * l_old + jnp.sum(e, axis=1, keepdims=True)
+    a_sc[...] = alpha * (a_old + (m_old - m_new) * l_old) + jnp.sum(ed, axis=1, keepdims=True)
+    m_sc[...] = m_new
+    c_sc[...] += jnp.sum(jnp.where(col == ids_ref[...], s, 0.0), axis=1, keepdims=True)
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _finish():
+        log_l = jnp.log(l_sc[...])
+        lse = m_sc[...] + log_l
+        lse_ref[...] = lse
+        logp_ref[...] = c_sc[...] - lse
+        ent_ref[...] = log_l - a_sc[...] / l_sc[...]
+
+
+def _dhidden_kernel(ids_ref, lse_ref, g_ref, h_ref, w_ref, dh_ref, acc, *, plan: Plan):
+    j = pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _init():
+        acc[...] = jnp.zeros(acc.shape, f32)
+
+    w = _valid_w(plan, j, w_ref[...])
+    s = _logits(plan, h_ref[...], w)
+    dz = _dz(plan, j, s, ids_ref[...], lse_ref[...], g_ref[...]).astype(plan.dz_dtype)
+    w = w.astype(plan.dz_dtype)
+    # dh += dz @ W_tile^T, contracting the tile's vocab entries.
+    dims = (((1,), (0,)), ((), ())) if plan.vocab_major else (((1,), (1,)), ((), ()))
+    acc[...] += jax.lax.dot_general(dz, w, dims, preferred_element_type=f32,
+                                    precision=plan.precision)
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _finish():
+        dh_ref[...] = acc[...].astype(dh_ref.dtype)
+
+
+def _dlm_head_kernel(ids_ref, lse_ref, g_ref, h_ref, w_ref, dw_ref, acc, *, plan: Plan):
+    j, i = pl.program_id(0), pl.program_id(1)
+
+    @pl.when(i == 0)
+    def _init():
+        acc[...] = jnp.zeros(acc.shape, f32)
+
+    h = h_ref[...]
+    if plan.tail_n:  # rows past N: unspecified memory; they must not enter h^T @ dz
+        row = i * plan.bt + jax.lax.broadcasted_iota(jnp.int32, (h.shape[0], 1), 0)
+        h = jnp.where(row < plan.n, h, jnp.zeros_like(h))
+    s = _logits(plan, h, _valid_w(plan, j, w_ref[...]))
+    dz = _dz(plan, j, s, ids_ref[...], lse_ref[...], g_ref[...])
+    if plan.tail_n:
+        dz = jnp.where(row < plan.n, dz, 0.0)
+    dz = dz.astype(plan.dz_dtype)
+    h = h.astype(plan.dz_dtype)
+    # dW tile [H, bv] += h^T @ dz  (vocab major: dW^T tile [bv, H] += dz^T @ h).
+    if plan.vocab_major:
+        upd = jax.lax.dot_general(dz, h, (((0,), (0,)), ((), ())), preferred_element_type=f32,
+                                  precision=plan.precision)
+    else:
+        upd = jax.lax.dot_general(h, dz, (((0,), (0,)), ((), ())), preferred_element_type=f32,
+                                  precision=plan.precision)
+    acc[...] += upd
+
+    @pl.when(i == pl.num_programs(1) - 1)
+    def _finish():
+        dw_ref[...] = acc[...].astype(dw_ref.dtype)
+
+
+# --------------------------------------------------------------------------- pallas calls
+
+def _w_spec(plan: Plan, tile_of):
+    """BlockSpec of W's tile number ``tile_of(*grid)``."""
+    if plan.vocab_major:
+        return pl.BlockSpec((plan.bv, plan.h), lambda *g: (tile_of(*g), 0))
+    return pl.BlockSpec((plan.h, plan.bv), lambda *g: (0, tile_of(*g)))
+
+
+def _params(semantics, limit):
+    return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=limit)
+
+
+def vmem_estimate(plan: Plan) -> int:
+    """Bytes of VMEM the largest of the three kernels needs, conservatively: double-
+    buffered input and output blocks, the f32 accumulator, ~4 f32 [bt, bv] temporaries
+    and the W tile's masked/cast copies, all padded to (8, 128) tiles."""
+    it = ITEMSIZE[{jnp.float32: "f32", jnp.bfloat16: "bf16", jnp.float16: "f16"}[plan.dtype]]
+
+    def tile(rows, cols, size):
+        sub = SUBLANE * (4 // size)
+        return -(-rows // sub) * sub * (-(-cols // LANE) * LANE) * size
+
+    hb = tile(plan.bt, plan.h, it)
+    wt = tile(plan.bv, plan.h, it) if plan.vocab_major else tile(plan.h, plan.bv, it)
+    wt32 = wt * 4 // it
+    zt = tile(plan.bt, plan.bv, 4)
+    stats = tile(plan.bt, 1, 4)
+    fwd = 2 * hb + 2 * wt + 4 * zt + 12 * stats
+    dh = 2 * hb + 2 * wt + 2 * wt + 2 * hb + tile(plan.bt, plan.h, 4) + 4 * zt + 6 * stats
+    dw = 2 * hb + 2 * wt + 2 * wt + 2 * wt + wt32 + 4 * zt + 6 * stats
+    return max(fwd, dh, dw)
+
+
+def _limit(plan: Plan, limit: Optional[int]) -> int:
+    if limit is not None:
+        return limit
+    return int(min(max(2 * vmem_estimate(plan), 32 * MiB), 100 * MiB))
+
+
+def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional[int]):
+    """(hidden2 [N, H], W, ids [N, 1]) -> (logp [N, 1], entropy [N, 1]) with SPEC's VJP
+    (entropy carries no gradient). W is lm_head [H, V], or lm_head.T if vocab_major."""
+    limit = _limit(plan, vmem_limit_bytes)
+    n, h, v, bt, bv = plan.n, plan.h, plan.v, plan.bt, plan.bv
+    row = pl.BlockSpec((bt, 1), lambda i, j: (i, 0))
+    hid = pl.BlockSpec((bt, h), lambda i, j: (i, 0))
+    col = jax.ShapeDtypeStruct((n, 1), f32)
+    mm = 2 * n * h * v
+    it = jnp.dtype(plan.dtype).itemsize
+
+    def forward(hidden, w, ids):
+        return pl.pallas_call(
+            functools.partial(_fwd_kernel, plan=plan),
+            grid=(plan.tok_blocks, plan.voc_tiles),
+            in_specs=[row, hid, _w_spec(plan, lambda i, j: j)],
+            out_specs=[row] * 3,
+            out_shape=[col] * 3,
+            scratch_shapes=[pltpu.VMEM((bt, 1), f32)] * 4,
+            compiler_params=_params(("parallel", "arbitrary"), limit),
+            cost_estimate=pl.CostEstimate(
+                flops=mm + 12 * n * v, transcendentals=n * v,
+                bytes_accessed=it * (n * h + plan.tok_blocks * h * v) + 16 * n),
+            interpret=interpret,
+            name="grpo_fused_fwd",
+        )(ids, hidden, w)
+
+    def dhidden(hidden, w, ids, lse, g):
+        return pl.pallas_call(
+            functools.partial(_dhidden_kernel, plan=plan),
+            grid=(plan.tok_blocks, plan.voc_tiles),
+            in_specs=[row, row, row, hid, _w_spec(plan, lambda i, j: j)],
+            out_specs=hid,
+            out_shape=jax.ShapeDtypeStruct((n, h), hidden.dtype),
+            scratch_shapes=[pltpu.VMEM((bt, h), f32)],
+            compiler_params=_params(("parallel", "arbitrary"), limit),
+            cost_estimate=pl.CostEstimate(
+                flops=2 * mm + 10 * n * v, transcendentals=n * v,
+                bytes_accessed=it * (2 * n * h + plan.tok_blocks * h * v) + 12 * n),
+            interpret=interpret,
+            name="grpo_fused_dhidden",
+        )(ids, lse, g, hidden, w)
+
+    def dlm_head(hidden, w, ids, lse, g):
+        trow = pl.BlockSpec((bt, 1), lambda j, i: (i, 0))
+        thid = pl.BlockSpec((bt, h), lambda j, i: (i, 0))
+        wspec = _w_spec(plan, lambda j, i: j)
+        acc = (bv, h) if plan.vocab_major else (h, bv)
+        return pl.pallas_call(
+            functools.partial(_dlm_head_kernel, plan=plan),
+            grid=(plan.voc_tiles, plan.tok_blocks),
+            in_specs=[trow, trow, trow, thid, wspec],
+            out_specs=wspec,
+            out_shape=jax.ShapeDtypeStruct(w.shape, w.dtype),
+            scratch_shapes=[pltpu.VMEM(acc, f32)],
+            compiler_params=_params(("parallel", "arbitrary"), limit),
+            cost_estimate=pl.CostEstimate(
+                flops=2 * mm + 10 * n * v, transcendentals=n * v,
+                bytes_accessed=it * (plan.voc_tiles * n * h + 2 * h * v) + 12 * n),
+            interpret=interpret,
+            name="grpo_fused_dlm_head",
+        )(ids, lse, g, hidden, w)
+
+    @jax.custom_vjp
+    def logp_entropy(hidden, w, ids):
+        _, logp, ent = forward(hidden, w, ids)
+        return logp, ent
+
+    def fwd_rule(hidden, w, ids):
+        lse, logp, ent = forward(hidden, w, ids)
+        return (logp, ent), (hidden, w, ids, lse)
+
+    def bwd_rule(res, cts):
+        hidden, w, ids, lse = res
+        g = cts[0].astype(f32)  # entropy's cotangent is ignored (a metric)
+        return dhidden(hidden, w, ids, lse, g), dlm_head(hidden, w, ids, lse, g), None
+
+    logp_entropy.defvjp(fwd_rule, bwd_rule)
+    return logp_entropy
+
+
+# --------------------------------------------------------------------------- config
+
+def _interpret(platform: str, options: Mapping[str, Any]) -> bool:
+    flag = options.get("interpret")
+    return platform == "cpu" if flag is None else bool(flag)
+
+
+def _validate_options(options: Mapping[str, Any]) -> None:
+    for key in ("block_tokens", "block_v"):
+        val = options[key]
+        if isinstance(val, bool) or not isinstance(val, int) or val <= 0:
+            raise RequestError(f"impl_options.{key} must be a positive integer, got {val!r}")
+    if options["interpret"] not in (None, True, False):
+        raise RequestError(f"impl_options.interpret must be true, false or null (auto), "
+                           f"got {options['interpret']!r}")
+    if options["lm_head_layout"] not in (None, "hv", "vh"):
+        raise RequestError(f"impl_options.lm_head_layout must be null (auto), 'hv' or 'vh', "
+                           f"got {options['lm_head_layout']!r}")
+    if options["bwd_dz_dtype"] not in ("input", "f32"):
+        raise RequestError(f"impl_options.bwd_dz_dtype must be 'input' or 'f32', "
+                           f"got {options['bwd_dz_dtype']!r}")
+    limit = options["vmem_limit_bytes"]
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                              or not 0 < limit <= VMEM_LIMIT_MAX_BYTES):
+        raise RequestError(f"impl_options.vmem_limit_bytes must be null or an integer in "
+                           f"(0, {VMEM_LIMIT_MAX_BYTES}], got {limit!r}")
+
+
+def make_plan(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Plan:
+    """Block sizes (clamped to the arrays), W's orientation and the in-kernel dtypes."""
+    n = p.b * p.t
+    layout = options["lm_head_layout"] or (
+        "".join("hv"[i] for i in tpu_default_order((p.h, p.v), p.dtype))
+        if p.platform == "tpu" else "hv")
+    dtype = _DTYPES[p.dtype]
+    return Plan(
+        n=n, h=p.h, v=p.v, bt=min(options["block_tokens"], n), bv=min(options["block_v"], p.v),
+        vocab_major=layout == "vh", dtype=dtype, temperature=k.temperature,
+        round_logits=k.logits_dtype == "input",
+        dz_dtype=dtype if options["bwd_dz_dtype"] == "input" else f32,
+        precision=(jax.lax.Precision.HIGHEST if p.dtype == "f32" or options["bwd_dz_dtype"] == "f32"
+                   else jax.lax.Precision.DEFAULT))
+
+
+def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[str]:
+    """Invalid options raise RequestError; Mosaic constraints give an unsupported reason."""
+    _validate_options(options)
+    if _interpret(p.platform, options):
+        return None  # plain HLO: any block shape works
+    if p.platform != "tpu":
+        return f"Mosaic (interpret=false) needs platform tpu, not {p.platform!r}"
+    if p.dtype == "f16":
+        return "Mosaic cannot load f16 vectors on TPU v5e/v6e (\"Invalid vector type for load\")"
+    plan = make_plan(p, k, options)
+    bad = []
+    if plan.bt % SUBLANE and plan.bt != plan.n:
+        bad.append(f"block_tokens={options['block_tokens']} is neither a multiple of "
+                   f"{SUBLANE} nor N=B*T={plan.n}")
+    if plan.bv % LANE and plan.bv != plan.v:
+        bad.append(f"block_v={options['block_v']} is neither a multiple of {LANE} nor V={plan.v}")
+    need, limit = vmem_estimate(plan), _limit(plan, options["vmem_limit_bytes"])
+    if need > limit:
+        bad.append(f"estimated VMEM working set {need} B (block_tokens={plan.bt}, "
+                   f"block_v={plan.bv}, H={plan.h}) exceeds the {limit} B limit")
+    return "; ".join(bad) if bad else None
+
+
+def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+    """All SPEC inputs in order -> (loss, metrics..., dhidden, dlm_head)."""
+    if problem.level != "fused":
+        raise ValueError("pallas_fused implements the fused level only")
+    _validate_options(options)
+    b, t, h = problem.b, problem.t, problem.h
+    plan = make_plan(problem, k, options)
+    kernel = make_logp_entropy(plan, interpret=_interpret(problem.platform, options),
+                               vmem_limit_bytes=options["vmem_limit_bytes"])
+
+    def loss_fn(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
+        # lm_head.T is a bitcast when [V][H] is its physical order (no copy).
+        w = lm_head.T if plan.vocab_major else lm_head
+        ids = chosen_ids.reshape(plan.n, 1).astype(jnp.int32)
+        logp, ent = kernel(hidden.reshape(plan.n, h), w, ids)
+        logp = logp.reshape(b, t)
+        entropy = jax.lax.stop_gradient(ent.reshape(b, t))
+        loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
+        return loss, (jax.lax.stop_gradient(logp), aux, entropy)
+
+    def fn(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
+        (loss, (logp, aux, entropy)), (dh, dw) = jax.value_and_grad(
+            loss_fn, argnums=(0, 1), has_aux=True)(
+                hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask)
+        return (loss, logp, aux["per_token_loss"], aux["kl"], aux["clipped"], entropy, dh, dw)
+    return fn
+
+
+IMPLEMENTATION = Implementation(
+    id="pallas_fused",
+    description="Pallas fused LM head: logits tiles formed on the MXU in VMEM, online "
+                "logsumexp; backward recomputes tiles in a dhidden kernel (token-parallel) "
+                "and a dlm_head kernel (vocab-parallel)",
+    build=build,
+    capabilities=Capabilities(levels=frozenset({"fused"}), platforms=frozenset({"cpu", "tpu"})),
+    default_options={"block_tokens": 256, "block_v": 512, "interpret": None,
+                     "lm_head_layout": None, "bwd_dz_dtype": "input", "vmem_limit_bytes": None},
+    extra_check=extra_check,
+    validate_options=_validate_options,
+)

@@ -1,0 +1,93 @@
+"""pallas_fused (interpret mode on CPU) against the f64 oracle: knob sets, both logits
+dtypes, partial token blocks and vocab tiles (interpret mode fills the out-of-bounds part
+of a block with NaN, so a missing mask shows), both LM-head orientations, both dz dtypes,
+block-size invariance, and TPU (Mosaic) export on this CPU machine.
+
+Interpret mode costs about (grid steps x array size): N = 21 tokens, H = 40, V = 1000.
+"""
+
+import numpy as np
+import pytest
+
+from grpo_jax.impls import get
+from grpo_jax.spec import Knobs, Problem, RequestError
+from helpers import compare, make_inputs, run_impl
+from oracle import oracle
+from test_baseline import KNOB_SETS
+
+PROBLEM = dict(b=3, t=7, v=1000, h=40)
+SMALL = dict(block_tokens=8, block_v=256)  # 3 token blocks (last: 5 rows), 4 tiles (last: 232)
+
+
+def _run(dtype, knobs_json, options, seed=1, **shape):
+    shape = {**PROBLEM, **shape}
+    problem = Problem("fused", shape["b"], shape["t"], shape["v"], shape["h"], dtype)
+    inputs = make_inputs(problem, seed)
+    knobs = Knobs.from_json(knobs_json)
+    return problem, inputs, knobs, run_impl("pallas_fused", problem, knobs, inputs, options)
+
+
+def _check(dtype, knobs_json, options, **shape):
+    problem, inputs, knobs, got = _run(dtype, knobs_json, options, **shape)
+    want = oracle(inputs, knobs.to_json(), "fused")
+    return compare(got, want, inputs["mask"], dtype)
+
+
+@pytest.mark.parametrize("logits_dtype", ["f32", "input"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("name", ["grpo_token_beta", "bnpo_tau_nobeta", "drgrpo_delta_L",
+                                  "grpo_sequence"])
+def test_matches_oracle(name, dtype, logits_dtype):
+    assert _check(dtype, dict(KNOB_SETS[name], logits_dtype=logits_dtype), SMALL) == []
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("options", [
+    dict(SMALL, lm_head_layout="vh"),
+    dict(SMALL, bwd_dz_dtype="f32"),
+    dict(block_tokens=16, block_v=128),    # 2 token blocks, 8 tiles (last: 104)
+    dict(block_tokens=21, block_v=1000),   # one block, one tile (no tail anywhere)
+])
+def test_layouts_dz_dtypes_and_blocks(dtype, options):
+    assert _check(dtype, dict(KNOB_SETS["grpo_sequence"], logits_dtype="input"), options) == []
+
+
+def test_block_size_invariance():
+    knobs = KNOB_SETS["drgrpo_delta_L"]
+    *_, ref = _run("f32", knobs, SMALL)
+    for options in (dict(block_tokens=16, block_v=384), dict(SMALL, lm_head_layout="vh")):
+        *_, got = _run("f32", knobs, options)
+        for name in ref:
+            np.testing.assert_allclose(got[name], ref[name], rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+def test_bad_options_are_errors():
+    impl = get("pallas_fused")
+    with pytest.raises(RequestError, match="block_tokens"):
+        impl.check_options({"block_tokens": 0})
+    with pytest.raises(RequestError, match="bwd_dz_dtype"):
+        impl.check_options({"bwd_dz_dtype": "f64"})
+
+
+def test_mosaic_constraints_are_unsupported_reasons():
+    impl = get("pallas_fused")
+    p = Problem("fused", 2, 8, 2049, 64, "bf16", "tpu")
+    k = Knobs()
+    assert impl.support_reason(p, k, impl.resolve_options({"block_tokens": 8, "block_v": 512})) is None
+    reason = impl.support_reason(p, k, impl.resolve_options({"block_tokens": 12, "block_v": 500}))
+    assert "block_tokens=12" in reason and "block_v=500" in reason
+    assert "f16" in impl.support_reason(Problem("fused", 2, 8, 2049, 64, "f16", "tpu"), k,
+                                        impl.resolve_options({}))
+
+
+def test_bf16_rounding_by_bits_matches_a_bf16_convert():
+    import jax.numpy as jnp
+    import ml_dtypes
+    from grpo_jax.impls.pallas_fused import _round_to_bf16
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(100000) * 10.0 ** rng.integers(-40, 38, 100000),
+                        [0.0, -0.0, 1e-45, -3e-39, 3.3e38, -3.4e38, np.inf, -np.inf,
+                         1.00390625, 1.01171875]]).astype(np.float32)  # incl. ties
+    want = x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    got = np.asarray(_round_to_bf16(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, want)
