@@ -427,3 +427,32 @@ fn trials_are_listed_case_by_case() {
     }
     assert!(seen.len() >= 12);
 }
+
+#[test]
+#[cfg(feature = "pjrt")]
+fn a_compile_only_case_runs_on_tpu_aot_only_and_generates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // One smoke case (its golden file exists) and seed 003's shape, compile-only: inputs
+    // for it would be 5 GB and its f64 oracle hours; the run must not touch them.
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        "defaults: {epsilon_low: 0.2, epsilon_high: 0.28, beta: 0.04}\ngroups:\n  - name: small\n    suites: [smoke]\n    fixed: {b: 2, t: 8, v: 2049, dtype: f32, loss_type: grpo}\n  - name: big\n    suites: [smoke]\n    fixed: {level: fused, b: 1, t: 8192, h: 4096, v: 151936, dtype: bf16, compile_only: true}\n",
+    )
+    .unwrap();
+    let cases = dir.path().to_str().unwrap();
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\n  tpu-aot: {topologies: [v6e:2x2], implementations: [{id: pallas_fused, name: pallas_fused@256x512, options: {block_tokens: 256, block_v: 512}, max_peak_over_floor: 1.10, peak_slack_bytes: 131072}]}\n";
+    let t0 = std::time::Instant::now();
+    let (o, d) = run_with(cfg, &["--cases", cases, "--suite", "smoke", "--repeats", "0"], &[]);
+    assert!(o.status.success(), "{}\n{}", stderr(&o), String::from_utf8_lossy(&o.stdout));
+    assert!(t0.elapsed().as_secs() < 120, "took {:?}: were the big case's inputs generated?", t0.elapsed());
+    let recs: Vec<serde_json::Value> = std::fs::read_to_string(d.path().join("r.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let big = |r: &&serde_json::Value| r["case"].as_str().unwrap_or("").contains("h4096");
+    let of = |name: &str| recs.iter().filter(big).find(|r| r["name"].as_str().unwrap().starts_with(name)).unwrap_or_else(|| panic!("no {name} trial"));
+    assert_eq!(of("reference/oracle")["verdict"], "ignored");
+    assert!(of("reference/oracle")["reason"].as_str().unwrap().contains("compile-only case"));
+    assert_eq!(of("golden/")["verdict"], "ignored");
+    let tpu = of("tpu-aot-v6e-2x2/pallas_fused@256x512");
+    assert_eq!(tpu["verdict"], "pass", "{tpu}");
+    let (peak, floor) = (tpu["memory"]["peak_bytes"].as_f64().unwrap(), tpu["memory"]["floor_bytes"].as_f64().unwrap());
+    assert!(floor > 2.6e9 && peak <= 1.10 * floor + 131072.0, "peak {peak} floor {floor}");
+}
