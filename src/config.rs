@@ -165,6 +165,15 @@ pub struct ImplConfig {
     /// vanishes at production ones (gigabytes).
     #[serde(default)]
     pub peak_slack_bytes: u64,
+    /// Python that exports this implementation (default: the suite's venv, or
+    /// `GRPO_PYTHON`): an external implementation's own environment, with `grpo_jax`
+    /// installed there (docs/external.md). Relative paths are relative to the config file.
+    #[serde(default)]
+    pub python: Option<PathBuf>,
+    /// Directories put first on the exporter's `PYTHONPATH` for this implementation (where
+    /// an external `module:attribute` id is imported from). Relative to the config file.
+    #[serde(default)]
+    pub pythonpath: Vec<PathBuf>,
 }
 
 fn yes() -> bool {
@@ -182,6 +191,8 @@ impl ImplEntry {
                 options: Default::default(),
                 max_peak_over_floor: None,
                 peak_slack_bytes: 0,
+                python: None,
+                pythonpath: Vec::new(),
             },
             ImplEntry::Full(c) => c.clone(),
         }
@@ -192,6 +203,30 @@ impl ImplConfig {
     /// The name trials and records use.
     pub fn display_name(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.id)
+    }
+
+    /// Whether the id names an implementation outside `grpo_jax` (`module:attribute`).
+    pub fn is_external(&self) -> bool {
+        self.id.contains(':')
+    }
+}
+
+/// Makes an entry's `python` and `pythonpath` absolute, relative to `base` (the config
+/// file's directory).
+pub fn resolve_entry_paths(list: &mut [ImplEntry], base: &Path) {
+    for e in list {
+        if let ImplEntry::Full(c) = e {
+            if let Some(p) = &c.python {
+                if p.is_relative() {
+                    c.python = Some(base.join(p));
+                }
+            }
+            for p in &mut c.pythonpath {
+                if p.is_relative() {
+                    *p = base.join(&*p);
+                }
+            }
+        }
     }
 }
 
@@ -244,7 +279,11 @@ impl Config {
     /// Reads a file.
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
-        Config::parse(&text, &path.display().to_string())
+        let mut c = Config::parse(&text, &path.display().to_string())?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
+        c.backends.resolve_paths(&base);
+        Ok(c)
     }
 
     /// The default configuration of the repository.

@@ -1,7 +1,7 @@
 //! What an implementation returns: SPEC outputs as f32 host tensors.
 
 use crate::spec::OutputName;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One output tensor on the host, widened to f32 (bf16/f16 widen exactly).
 #[derive(Debug, Clone, PartialEq)]
@@ -17,6 +17,9 @@ pub struct OutTensor {
 pub struct Outputs {
     /// By SPEC name.
     pub tensors: BTreeMap<OutputName, OutTensor>,
+    /// Outputs the implementation declares it does not produce (a partial kernel's
+    /// entropy): absent from `tensors`, reported "not provided", never gated.
+    pub not_provided: BTreeSet<OutputName>,
 }
 
 impl Outputs {

@@ -210,6 +210,19 @@ impl BackendsConfig {
         Ok(())
     }
 
+    /// Makes implementation entries' `python` / `pythonpath` absolute against `base`.
+    pub fn resolve_paths(&mut self, base: &std::path::Path) {
+        if let Some(c) = &mut self.pjrt_cpu {
+            crate::config::resolve_entry_paths(&mut c.implementations, base);
+        }
+        if let Some(c) = &mut self.tpu_aot {
+            crate::config::resolve_entry_paths(&mut c.implementations, base);
+        }
+        if let Some(c) = &mut self.pjrt_tpu {
+            crate::config::resolve_entry_paths(&mut c.implementations, base);
+        }
+    }
+
     /// Names of the backends this config selects (one `tpu-aot-<topology>` per topology).
     pub fn names(&self) -> Vec<String> {
         let mut v = Vec::new();

@@ -24,15 +24,18 @@ pub struct GateReport {
     pub output: OutputName,
     /// Whether it is within tolerance (and finite).
     pub passed: bool,
-    /// ‖out−ref‖₂ / ‖ref‖₂ (0 when both are 0, inf when only ref is 0).
+    /// ‖out−ref‖₂ / ‖ref‖₂ (0 when both are 0, inf when only ref is 0). NaN when nothing
+    /// numeric was compared (JSON has no NaN: written as null, read back as NaN).
+    #[serde(deserialize_with = "nan_if_null")]
     pub norm_err: f64,
-    /// max |out−ref|.
+    /// max |out−ref| (NaN / null as for `norm_err`).
+    #[serde(deserialize_with = "nan_if_null")]
     pub max_abs_err: f64,
     /// Elements compared.
     pub compared: usize,
     /// Fraction of the norm-wise bound the error uses (‖out−ref‖ / bound; ≤ 1 passes that
     /// check): the gate's margin, plotted by `grpo-suite report`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nan_if_null")]
     pub bound_used: f64,
     /// The bounds applied.
     #[serde(skip, default)]
@@ -41,6 +44,20 @@ pub struct GateReport {
     pub tier: String,
     /// One line: what failed, where, both values, the tier (or a summary when passing).
     pub message: String,
+    /// False when the implementation declares it does not produce this output (then
+    /// nothing was compared: `compared` is 0 and the message says so).
+    #[serde(default = "provided_default")]
+    pub provided: bool,
+}
+
+fn provided_default() -> bool {
+    true
+}
+
+/// serde_json writes a non-finite f64 as null; read null back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    use serde::Deserialize;
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Streaming accumulator of one comparison.
@@ -137,7 +154,7 @@ impl Acc {
             format!("{output}: FAIL {}; {worst}; tier {tier}", why.join("; "))
         };
         let bound_used = if norm_bound > 0.0 { self.d2.sqrt() / norm_bound } else if self.d2 == 0.0 { 0.0 } else { f64::INFINITY };
-        GateReport { output, passed, norm_err, max_abs_err: self.dmax, compared: self.n, bound_used, tolerance: tol, tier, message }
+        GateReport { output, passed, norm_err, max_abs_err: self.dmax, compared: self.n, bound_used, tolerance: tol, tier, message, provided: true }
     }
 }
 
@@ -165,6 +182,7 @@ fn fail(output: OutputName, tier: String, message: String) -> GateReport {
         tolerance: Tolerance { norm_rel: 0.0, max_rel: 0.0, floor: 0.0 },
         tier,
         message: format!("{output}: FAIL {message}"),
+        provided: true,
     }
 }
 
@@ -193,6 +211,21 @@ pub fn judge(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs) -> Ve
     for (name, shape) in expected_shapes(case) {
         let tol = tolerance(case.tier, case.dtype, name);
         let tier = format!("{}/{}", case.tier, case.dtype);
+        if got.not_provided.contains(&name) {
+            reports.push(GateReport {
+                output: name,
+                passed: true,
+                norm_err: 0.0,
+                max_abs_err: 0.0,
+                compared: 0,
+                bound_used: 0.0,
+                tolerance: tol,
+                tier,
+                message: format!("{name}: not provided by the implementation (not gated)"),
+                provided: false,
+            });
+            continue;
+        }
         let t = match got.get(name) {
             None => {
                 reports.push(fail(name, tier, "missing from the implementation's outputs".into()));
@@ -219,6 +252,7 @@ pub fn judge(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs) -> Ve
                     tolerance: tol,
                     tier,
                     message: "kl: finite; values not judged (β = 0 leaves ref_logp unread)".into(),
+                    provided: true,
                 },
             });
             continue;
@@ -294,6 +328,7 @@ fn judge_clipped(case: &Case, inputs: &Inputs, oracle: &Oracle, t: &OutTensor, t
             tolerance: tol,
             tier: tier.clone(),
             message: format!("clipped: ok, exact over {n} ({tier})"),
+            provided: true,
         },
         Some(&i) => fail(
             OutputName::Clipped,
@@ -336,4 +371,19 @@ fn judge_dlogits(case: &Case, inputs: &Inputs, oracle: &Oracle, t: &OutTensor, t
             },
         )
         .reduce(Acc::default, Acc::merge)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_gate_with_nan_errors_survives_a_json_round_trip() {
+        // Found when a wrong external kernel failed `clipped`: the record could not be read back.
+        let r = fail(OutputName::Clipped, "standard/bf16".into(), "3 of 16 flags differ".into());
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(text.contains("\"norm_err\":null"), "{text}");
+        let back: GateReport = serde_json::from_str(&text).unwrap();
+        assert!(back.norm_err.is_nan() && back.max_abs_err.is_nan() && !back.passed && back.provided);
+    }
 }

@@ -1,7 +1,8 @@
 """Artifact cache: content-addressed directories ``<cache-dir>/<key>/``.
 
 key = sha256 over (the package's source files, the canonical JSON of the normalized
-request, jax and jaxlib versions). An entry is complete when ``manifest.json`` exists in
+request, jax and jaxlib versions; for a ``module:attribute`` implementation also the .py
+files of its top-level package). An entry is complete when ``manifest.json`` exists in
 its final directory; entries are assembled in a temporary sibling directory and renamed
 into place, so a crash never leaves a half-written entry that looks complete.
 """
@@ -45,9 +46,14 @@ def versions() -> tuple[str, str]:
 
 
 def cache_key(norm_request: dict) -> str:
+    """The entry's key; an external implementation's own sources count too."""
+    from .impls.registry import external_source_hash, is_external
     jax_v, jaxlib_v = versions()
-    payload = canonical_json({"source": source_hash(), "request": norm_request,
-                              "jax": jax_v, "jaxlib": jaxlib_v})
+    payload = {"source": source_hash(), "request": norm_request, "jax": jax_v,
+               "jaxlib": jaxlib_v}
+    if is_external(norm_request["impl"]):
+        payload["external_source"] = external_source_hash(norm_request["impl"])
+    payload = canonical_json(payload)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 

@@ -1,7 +1,11 @@
 """Exporter CLI: JSON requests in, cached StableHLO artifacts out.
 
-    python -m grpo_jax.export --requests REQ.jsonl --cache-dir DIR
+    python -m grpo_jax.export --requests REQ.jsonl --cache-dir DIR [--protocol N]
     python -m grpo_jax.export --list-impls
+    python -m grpo_jax.export --check-config [--protocol N] < ENTRIES.json
+
+``--protocol N``: the protocol version the caller speaks (``protocol.PROTOCOL_VERSION``);
+a different one is refused with one line on stderr and exit status 4.
 
 Reads one JSON request per line (``-`` = stdin; blank lines skipped) and prints exactly one
 JSON result line per request on stdout, in order, flushed after each. Anything else the
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import IO, Callable, Iterable, NamedTuple, Optional
 
 from . import cache
+from .protocol import MISMATCH_EXIT, PROTOCOL_VERSION
 from .spec import (Knobs, Problem, dtype_name, input_specs, normalize_request, output_specs,
                    problem_of)
 
@@ -71,9 +76,18 @@ def manifest_for(norm: dict, key: str, exported) -> dict:
         "impl": norm["impl"], "level": norm["level"], "platform": norm["platform"],
         "jax_version": jax_v, "jaxlib_version": jaxlib_v,
         "source_hash": cache.source_hash(), "key": key, "request": norm,
+        "protocol": PROTOCOL_VERSION, "exporter_python": sys.executable,
         "inputs": [ins[i].to_json() for i in kept],
         "outputs": [o.to_json() for o in outs],
+        # Outputs the implementation cannot produce (e.g. a partial kernel's entropy): the
+        # module returns a placeholder there, which the Rust side drops and never gates.
+        "not_provided": sorted(built_not_provided(norm)),
     }
+
+
+def built_not_provided(norm: dict) -> frozenset:
+    from .impls import get
+    return frozenset(get(norm["impl"]).not_provided)
 
 
 def _check_avals(kind: str, specs, avals) -> None:
@@ -139,15 +153,15 @@ def list_impls() -> list[dict]:
 def check_config(entries: list) -> list[dict]:
     """Checks configured implementations without exporting: each entry ``{name, impl,
     impl_options}`` -> ``{name, ok, error}`` (unknown id, unknown option, bad value)."""
-    from .impls import IMPLEMENTATIONS
+    from .impls import get
     from .spec import RequestError
     out = []
     for e in entries:
         name, impl_id = e.get("name", e.get("impl")), e.get("impl")
-        impl = IMPLEMENTATIONS.get(impl_id)
-        if impl is None:
-            out.append({"name": name, "ok": False,
-                        "error": f"unknown implementation id {impl_id!r}; known: {sorted(IMPLEMENTATIONS)}"})
+        try:
+            impl = get(impl_id)
+        except (KeyError, RequestError) as exc:
+            out.append({"name": name, "ok": False, "error": str(exc).strip('"')})
             continue
         try:
             impl.check_options(e.get("impl_options") or {})
@@ -166,7 +180,14 @@ def main(argv=None) -> int:
     parser.add_argument("--check-config", action="store_true",
                         help="read a JSON list of {name, impl, impl_options} on stdin and print "
                              "one {name, ok, error} per entry (no export)")
+    parser.add_argument("--protocol", type=int, help="the protocol version the caller speaks")
     args = parser.parse_args(argv)
+    if args.protocol is not None and args.protocol != PROTOCOL_VERSION:
+        sys.stderr.write(
+            f"protocol mismatch: the grpo_jax exporter in {sys.executable} speaks protocol "
+            f"{PROTOCOL_VERSION}, the caller speaks {args.protocol}: reinstall it from this "
+            f"suite's checkout: {sys.executable} -m pip install <grpo-conformance>/backends/jax\n")
+        return MISMATCH_EXIT
     real_stdout = sys.stdout
     sys.stdout = sys.stderr  # keep stray prints out of the result stream
     try:

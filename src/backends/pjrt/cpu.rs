@@ -53,11 +53,17 @@ fn plugin_path(cfg_plugin: Option<&PathBuf>) -> Result<PathBuf> {
 }
 
 /// Outputs of a module, named by its manifest, as SPEC outputs.
-pub(super) fn named_outputs(specs: &[super::export::TensorSpec], data: Vec<Vec<f32>>) -> Result<Outputs> {
+pub(super) fn named_outputs(manifest: &super::export::Manifest, data: Vec<Vec<f32>>) -> Result<Outputs> {
     let mut outputs = Outputs::default();
-    for (spec, d) in specs.iter().zip(data) {
+    for n in &manifest.not_provided {
+        let name = OutputName::parse(n).with_context(|| format!("manifest: `{n}` (not provided) is not a SPEC output"))?;
+        outputs.not_provided.insert(name);
+    }
+    for (spec, d) in manifest.outputs.iter().zip(data) {
         let name = OutputName::parse(&spec.name).with_context(|| format!("module output `{}` is not a SPEC output", spec.name))?;
-        outputs.insert(name, spec.shape.clone(), d);
+        if !outputs.not_provided.contains(&name) {
+            outputs.insert(name, spec.shape.clone(), d); // a placeholder is dropped, never judged
+        }
     }
     Ok(outputs)
 }
@@ -119,9 +125,11 @@ impl PjrtCpu {
             Exported::Failed(e) => bail!("{e}"),
         };
         let args = host_args(&manifest, case, inputs)?;
-        let outs_spec = manifest.outputs.clone();
-        let res = self.with_worker(|w| w.run(manifest, module, args, opts.warmup, opts.repeats))?;
-        let outputs = named_outputs(&outs_spec, res.outputs)?;
+        let spec = manifest.clone();
+        let res = self
+            .with_worker(|w| w.run(manifest, module, args, opts.warmup, opts.repeats))
+            .map_err(|e| super::export::explain_compile_failure(e, &spec, &self.plugin, "backends.pjrt-cpu.plugin"))?;
+        let outputs = named_outputs(&spec, res.outputs)?;
         let timing = if opts.repeats > 0 || res.timing.compile_s.is_some() { Some(res.timing) } else { None };
         Ok(RunResult { outputs: Some(outputs), timing, memory: res.memory, cost: res.cost })
     }

@@ -11,6 +11,88 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+/// The exporter protocol this suite speaks (`grpo_jax.protocol.PROTOCOL_VERSION`): passed
+/// as `--protocol` to every exporter command and checked by the probe, so a `grpo_jax`
+/// installed in a user's environment from another checkout is one clear line.
+pub const PROTOCOL: u32 = 1;
+
+/// Exit status of the exporter on a protocol mismatch.
+const MISMATCH_EXIT: i32 = 4;
+
+/// Where an exporter runs: the interpreter and the directories put first on its
+/// `PYTHONPATH` (an implementation entry's `python` / `pythonpath`, or the defaults).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PyEnv {
+    /// The Python interpreter.
+    pub python: PathBuf,
+    /// Extra import directories, first on `PYTHONPATH`.
+    pub pythonpath: Vec<PathBuf>,
+}
+
+impl PyEnv {
+    /// A command running this interpreter with the extra import directories.
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.python);
+        if !self.pythonpath.is_empty() {
+            let mut parts: Vec<std::ffi::OsString> = self.pythonpath.iter().map(|p| p.clone().into_os_string()).collect();
+            if let Some(old) = std::env::var_os("PYTHONPATH").filter(|o| !o.is_empty()) {
+                parts.push(old);
+            }
+            c.env("PYTHONPATH", std::env::join_paths(parts).unwrap_or_default());
+        }
+        c.env("JAX_PLATFORMS", "cpu");
+        c
+    }
+
+    fn describe(&self) -> String {
+        if self.pythonpath.is_empty() {
+            self.python.display().to_string()
+        } else {
+            let pp: Vec<String> = self.pythonpath.iter().map(|p| p.display().to_string()).collect();
+            format!("{} (pythonpath {})", self.python.display(), pp.join(":"))
+        }
+    }
+}
+
+/// The one-line error of a failed exporter process: the protocol mismatch line as is.
+fn exporter_failure(env: &PyEnv, status: std::process::ExitStatus, stderr: &[u8]) -> anyhow::Error {
+    let err = String::from_utf8_lossy(stderr);
+    let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no message)");
+    if status.code() == Some(MISMATCH_EXIT) {
+        anyhow!("{last}")
+    } else {
+        anyhow!("exporter {} exited with {status}: {last}", env.describe())
+    }
+}
+
+/// The jax version `backends/jax/requirements.lock` pins: what the suite's plugins are
+/// known to accept.
+pub fn pinned_jax_version() -> &'static str {
+    include_str!("../../../backends/jax/requirements.lock")
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("jax=="))
+        .unwrap_or("?")
+}
+
+/// A compile failure of a module, explained when its exporter's jax is not the pinned
+/// one: a newer jax can emit StableHLO an older plugin cannot read. One line naming both
+/// versions and the fix, then the plugin's own message.
+pub fn explain_compile_failure(err: anyhow::Error, manifest: &Manifest, plugin: &Path, config_key: &str) -> anyhow::Error {
+    let pinned = pinned_jax_version();
+    // Only compile failures (the worker's "compile of <module>: ..."), never run errors.
+    if manifest.jax_version == pinned || !format!("{err:#}").starts_with("compile of") {
+        return err;
+    }
+    anyhow!(
+        "the module of `{}` was exported by jax {} but the PJRT plugin {} is tested with jax {pinned} (this suite's pin) and could not compile it: a newer jax may emit StableHLO the plugin cannot read; install a plugin built for jax {} and set `{config_key}` (or {}) to it, or export with jax {pinned} (docs/external.md). Plugin error: {err:#}",
+        manifest.implementation,
+        manifest.jax_version,
+        plugin.display(),
+        manifest.jax_version,
+        crate::env::PJRT_PLUGIN
+    )
+}
+
 /// Shape and dtype of one module argument or result.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct TensorSpec {
@@ -38,6 +120,10 @@ pub struct Manifest {
     pub inputs: Vec<TensorSpec>,
     /// Module results in order.
     pub outputs: Vec<TensorSpec>,
+    /// SPEC outputs the implementation does not produce (e.g. `entropy` of an adapted
+    /// partial kernel): placeholders in the module, dropped and never gated.
+    #[serde(default)]
+    pub not_provided: Vec<String>,
 }
 
 /// What the exporter said about one (implementation, case).
@@ -89,7 +175,7 @@ struct Response {
 
 /// Exports every (implementation, options, case) for `platform` with one Python process.
 pub fn export_batch(
-    python: &Path,
+    env: &PyEnv,
     cache_dir: &Path,
     platform: &str,
     work: &[(&str, &serde_json::Map<String, serde_json::Value>, &Case)],
@@ -114,22 +200,21 @@ pub fn export_batch(
         lines.push_str(&serde_json::to_string(&req)?);
         lines.push('\n');
     }
-    let mut child = Command::new(python)
-        .args(["-m", "grpo_jax.export", "--requests", "-", "--cache-dir"])
+    let mut child = env
+        .command()
+        .args(["-m", "grpo_jax.export", "--protocol", &PROTOCOL.to_string(), "--requests", "-", "--cache-dir"])
         .arg(cache_dir)
-        .env("JAX_PLATFORMS", "cpu")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .with_context(|| format!("cannot start the exporter {} (run scripts/setup.sh)", python.display()))?;
+        .with_context(|| format!("cannot start the exporter {} (run scripts/setup.sh)", env.describe()))?;
     let mut stdin = child.stdin.take().context("exporter stdin")?;
     let writer = std::thread::spawn(move || stdin.write_all(lines.as_bytes()));
     let out = child.wait_with_output().context("waiting for the exporter")?;
     writer.join().ok();
     if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        bail!("exporter exited with {}: {}", out.status, err.lines().last().unwrap_or("(no message)"));
+        return Err(exporter_failure(env, out.status, &out.stderr));
     }
     let text = String::from_utf8(out.stdout).context("exporter output is not UTF-8")?;
     let results: Vec<Exported> = text
@@ -157,30 +242,44 @@ pub fn export_batch(
     Ok(results)
 }
 
-/// Checks once per interpreter that it runs and finds the `grpo_jax` package (cheap: no
-/// jax import), so a wrong `GRPO_PYTHON` is one line naming it, not a traceback per batch.
-fn check_python(python: &Path) -> Result<()> {
-    static CHECKED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-    if CHECKED.lock().unwrap().iter().any(|p| p == python) {
+/// Checks once per environment that the interpreter runs, finds the `grpo_jax` package
+/// and speaks this suite's protocol (cheap: no jax import), so a wrong `python` is one
+/// line naming it, not a traceback per batch.
+fn check_python(env: &PyEnv) -> Result<()> {
+    static CHECKED: Mutex<Vec<PyEnv>> = Mutex::new(Vec::new());
+    if CHECKED.lock().unwrap().iter().any(|p| p == env) {
         return Ok(());
     }
-    let probe = "import importlib.util, sys; print('grpo-probe'); sys.exit(0 if importlib.util.find_spec('grpo_jax') else 3)";
-    let out = Command::new(python).args(["-c", probe]).output();
-    let hint = format!("set {} to the venv's python, or run scripts/setup.sh", crate::env::PYTHON);
+    let probe = "import importlib.util, sys\nprint('grpo-probe')\nif importlib.util.find_spec('grpo_jax') is None: sys.exit(3)\ntry:\n    from grpo_jax.protocol import PROTOCOL_VERSION\nexcept ImportError:\n    sys.exit(5)\nprint('protocol', PROTOCOL_VERSION)";
+    let out = env.command().args(["-c", probe]).output();
+    let python = env.python.display();
+    let hint = format!("set {} or the entry's `python` to a venv's python, or run scripts/setup.sh", crate::env::PYTHON);
+    let install = format!("{python} -m pip install {}", crate::repo_root().join("backends/jax").display());
     match out {
-        Err(e) => bail!("cannot run the exporter's Python {}: {e} ({hint})", python.display()),
+        Err(e) => bail!("cannot run the exporter's Python {python}: {e} ({hint})"),
         Ok(o) if !String::from_utf8_lossy(&o.stdout).contains("grpo-probe") => {
-            bail!("{} is not a Python interpreter ({hint})", python.display())
+            bail!("{python} is not a Python interpreter ({hint})")
         }
-        Ok(o) if o.status.code() == Some(3) => bail!("the Python {} has no grpo_jax package ({hint})", python.display()),
+        Ok(o) if o.status.code() == Some(3) => bail!("the Python {} has no grpo_jax package: install it there with `{install}`", env.describe()),
+        Ok(o) if o.status.code() == Some(5) => bail!(
+            "the grpo_jax in {} predates the exporter protocol (this suite speaks protocol {PROTOCOL}): reinstall it with `{install}`",
+            env.describe()
+        ),
         Ok(o) if !o.status.success() => bail!(
-            "the exporter's Python {} does not work ({}): {} ({hint})",
-            python.display(),
+            "the exporter's Python {python} does not work ({}): {} ({hint})",
             o.status,
             String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
         ),
-        Ok(_) => {
-            CHECKED.lock().unwrap().push(python.to_path_buf());
+        Ok(o) => {
+            let stdout = String::from_utf8_lossy(&o.stdout);
+            let theirs = stdout.lines().find_map(|l| l.strip_prefix("protocol ")).map(str::trim).unwrap_or("?");
+            if theirs != PROTOCOL.to_string() {
+                bail!(
+                    "protocol mismatch: the grpo_jax exporter in {} speaks protocol {theirs}, this grpo-suite speaks {PROTOCOL}: reinstall it with `{install}`",
+                    env.describe()
+                );
+            }
+            CHECKED.lock().unwrap().push(env.clone());
             Ok(())
         }
     }
@@ -195,7 +294,7 @@ pub fn find<'a>(impls: &'a [ImplConfig], name: &str) -> Option<&'a ImplConfig> {
 /// has answered so far (per implementation name and case id). Only work a trial will
 /// run is ever sent to it.
 pub struct Exporter {
-    python: PathBuf,
+    default_env: PyEnv,
     cache_dir: PathBuf,
     platform: String,
     done: Mutex<HashMap<(String, String), Exported>>,
@@ -209,9 +308,19 @@ impl Exporter {
         if !python.exists() {
             bail!("no Python for the exporter at {} (run scripts/setup.sh or set {})", python.display(), crate::env::PYTHON);
         }
-        check_python(&python)?;
+        let default_env = PyEnv { python, pythonpath: Vec::new() };
+        check_python(&default_env)?;
         let cache_dir = crate::env::artifacts()?.unwrap_or_else(|| crate::repo_root().join("target/grpo-artifacts"));
-        Ok(Exporter { python, cache_dir, platform: platform.into(), done: Mutex::new(HashMap::new()) })
+        Ok(Exporter { default_env, cache_dir, platform: platform.into(), done: Mutex::new(HashMap::new()) })
+    }
+
+    /// The environment that exports `imp`: its entry's `python` / `pythonpath`, else the
+    /// suite's.
+    pub fn env_of(&self, imp: &ImplConfig) -> PyEnv {
+        PyEnv {
+            python: imp.python.clone().unwrap_or_else(|| self.default_env.python.clone()),
+            pythonpath: imp.pythonpath.clone(),
+        }
     }
 
     /// Exports what is not exported yet (one Python process for the batch).
@@ -230,11 +339,23 @@ impl Exporter {
         }
         std::fs::create_dir_all(&self.cache_dir)
             .with_context(|| format!("cannot create artifact cache {}", self.cache_dir.display()))?;
-        let requests: Vec<_> = todo.iter().map(|(o, c)| (o.id.as_str(), &o.options, *c)).collect();
-        let results = export_batch(&self.python, &self.cache_dir, &self.platform, &requests)?;
-        let mut done = self.done.lock().unwrap();
-        for ((i, c), r) in todo.iter().zip(results) {
-            done.insert((i.display_name().to_string(), c.id.clone()), r);
+        // One exporter process per environment.
+        let mut groups: Vec<(PyEnv, Vec<(&ImplConfig, &Case)>)> = Vec::new();
+        for (i, c) in todo {
+            let env = self.env_of(i);
+            match groups.iter_mut().find(|(e, _)| *e == env) {
+                Some((_, w)) => w.push((i, c)),
+                None => groups.push((env, vec![(i, c)])),
+            }
+        }
+        for (env, work) in groups {
+            check_python(&env)?;
+            let requests: Vec<_> = work.iter().map(|(o, c)| (o.id.as_str(), &o.options, *c)).collect();
+            let results = export_batch(&env, &self.cache_dir, &self.platform, &requests)?;
+            let mut done = self.done.lock().unwrap();
+            for ((i, c), r) in work.iter().zip(results) {
+                done.insert((i.display_name().to_string(), c.id.clone()), r);
+            }
         }
         Ok(())
     }
@@ -255,56 +376,80 @@ impl Exporter {
     /// "implementation `name`: why". Answers are cached on disk by the Python, the entries
     /// and the package sources, so a run pays the jax import once.
     pub fn check_config(&self, impls: &[ImplConfig]) -> Result<()> {
-        if impls.is_empty() {
-            return Ok(());
+        let mut groups: Vec<(PyEnv, Vec<&ImplConfig>)> = Vec::new();
+        for i in impls {
+            let env = self.env_of(i);
+            match groups.iter_mut().find(|(e, _)| *e == env) {
+                Some((_, w)) => w.push(i),
+                None => groups.push((env, vec![i])),
+            }
         }
+        let mut bad: Vec<String> = Vec::new();
+        for (env, group) in groups {
+            check_python(&env)?;
+            bad.extend(self.check_group(&env, &group)?);
+        }
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            bail!("{}", bad.join("; "))
+        }
+    }
+
+    /// `--check-config` for the entries of one environment; the bad ones as messages.
+    /// Answers for the suite's own package are cached on disk (keyed by the entries and
+    /// the package sources); external ones are asked every time (their sources are not
+    /// ours to hash here).
+    fn check_group(&self, env: &PyEnv, impls: &[&ImplConfig]) -> Result<Vec<String>> {
         let entries: Vec<serde_json::Value> = impls
             .iter()
             .map(|i| serde_json::json!({"name": i.display_name(), "impl": i.id, "impl_options": i.options}))
             .collect();
         let body = serde_json::to_string(&entries)?;
-        let mut key_src = format!("{}\n{body}\n", self.python.display());
-        let pkg = crate::repo_root().join("backends/jax/grpo_jax");
-        let mut files = Vec::new();
-        let mut stack = vec![pkg];
-        while let Some(d) = stack.pop() {
-            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-                let p = e.path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else if p.extension().is_some_and(|x| x == "py") {
-                    files.push(p);
+        let cacheable = *env == self.default_env && impls.iter().all(|i| !i.is_external());
+        let cached = cacheable.then(|| {
+            let mut key_src = format!("{}\n{PROTOCOL}\n{body}\n", env.python.display());
+            let pkg = crate::repo_root().join("backends/jax/grpo_jax");
+            let mut files = Vec::new();
+            let mut stack = vec![pkg];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else if p.extension().is_some_and(|x| x == "py") {
+                        files.push(p);
+                    }
                 }
             }
-        }
-        files.sort();
-        for f in &files {
-            key_src.push_str(&std::fs::read_to_string(f).unwrap_or_default());
-        }
-        let key = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(key_src.as_bytes()));
-        let cached = self.cache_dir.join(format!("config-check-{key}.json"));
-        let answer = match std::fs::read_to_string(&cached) {
-            Ok(t) => t,
-            Err(_) => {
-                let mut child = Command::new(&self.python)
-                    .args(["-m", "grpo_jax.export", "--check-config"])
-                    .env("JAX_PLATFORMS", "cpu")
+            files.sort();
+            for f in &files {
+                key_src.push_str(&std::fs::read_to_string(f).unwrap_or_default());
+            }
+            let key = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(key_src.as_bytes()));
+            self.cache_dir.join(format!("config-check-{key}.json"))
+        });
+        let answer = match cached.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+            Some(t) => t,
+            None => {
+                let mut child = env
+                    .command()
+                    .args(["-m", "grpo_jax.export", "--protocol", &PROTOCOL.to_string(), "--check-config"])
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
                     .spawn()
-                    .with_context(|| format!("cannot start the exporter {}", self.python.display()))?;
+                    .with_context(|| format!("cannot start the exporter {}", env.describe()))?;
                 child.stdin.take().context("exporter stdin")?.write_all(body.as_bytes())?;
                 let out = child.wait_with_output()?;
                 if !out.status.success() {
-                    bail!(
-                        "the exporter could not check the configuration: {}",
-                        String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("(no message)")
-                    );
+                    return Err(exporter_failure(env, out.status, &out.stderr).context("the exporter could not check the configuration"));
                 }
                 let t = String::from_utf8(out.stdout).context("exporter output is not UTF-8")?;
-                std::fs::create_dir_all(&self.cache_dir).ok();
-                std::fs::write(&cached, &t).ok();
+                if let Some(p) = &cached {
+                    std::fs::create_dir_all(&self.cache_dir).ok();
+                    std::fs::write(p, &t).ok();
+                }
                 t
             }
         };
@@ -315,16 +460,11 @@ impl Exporter {
             error: Option<String>,
         }
         let answers: Vec<Answer> = serde_json::from_str(answer.trim()).context("unreadable --check-config answer")?;
-        let bad: Vec<String> = answers
+        Ok(answers
             .into_iter()
             .filter(|a| !a.ok)
             .map(|a| format!("implementation `{}`: {}", a.name, a.error.unwrap_or_default()))
-            .collect();
-        if bad.is_empty() {
-            Ok(())
-        } else {
-            bail!("{}", bad.join("; "))
-        }
+            .collect())
     }
 
     /// The exporter's support answer: `Err(reason)` when the implementation declares the
@@ -345,5 +485,40 @@ impl Exporter {
     /// How many modules this exporter has answered for (what a filtered run exported).
     pub fn count(&self) -> usize {
         self.done.lock().unwrap().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(jax: &str) -> Manifest {
+        Manifest {
+            implementation: "mine:IMPL".into(),
+            platform: "cpu".into(),
+            jax_version: jax.into(),
+            key: "k".into(),
+            inputs: vec![],
+            outputs: vec![],
+            not_provided: vec![],
+        }
+    }
+
+    #[test]
+    fn a_compile_failure_of_another_jax_names_both_versions_and_the_fix() {
+        let pinned = pinned_jax_version();
+        assert!(pinned.chars().next().is_some_and(|c| c.is_ascii_digit()), "{pinned}");
+        let plugin = Path::new("/p/xla_cpu.so");
+        let e = explain_compile_failure(anyhow!("compile of m: unknown op vhlo.foo_v9"), &manifest("0.99.0"), plugin, "backends.pjrt-cpu.plugin");
+        let m = format!("{e:#}");
+        assert!(m.contains("jax 0.99.0") && m.contains(&format!("jax {pinned}")), "{m}");
+        assert!(m.contains("backends.pjrt-cpu.plugin") && m.contains("/p/xla_cpu.so") && m.contains("vhlo.foo_v9"), "{m}");
+        assert_eq!(m.lines().count(), 1, "{m}");
+        // The pinned jax: the plugin's message as is.
+        let e = explain_compile_failure(anyhow!("compile of m: boom"), &manifest(pinned), plugin, "x");
+        assert_eq!(format!("{e:#}"), "compile of m: boom");
+        // Another jax, but not a compile failure: as is.
+        let e = explain_compile_failure(anyhow!("execute: out of memory"), &manifest("0.99.0"), plugin, "x");
+        assert_eq!(format!("{e:#}"), "execute: out of memory");
     }
 }

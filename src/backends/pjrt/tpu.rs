@@ -120,9 +120,9 @@ mod imp {
                 Exported::Failed(e) => bail!("{e}"),
             };
             let args = host_args(&manifest, case, inputs)?;
-            let specs = manifest.outputs.clone();
+            let spec = manifest.clone();
             let res = self.worker.lock().unwrap().run(manifest, module, args, opts.warmup, opts.repeats)?;
-            Ok(RunResult { outputs: Some(named_outputs(&specs, res.outputs)?), timing: Some(res.timing), memory: res.memory, cost: res.cost })
+            Ok(RunResult { outputs: Some(named_outputs(&spec, res.outputs)?), timing: Some(res.timing), memory: res.memory, cost: res.cost })
         }
 
         fn budget(&self, implementation: &str) -> Option<crate::backends::Budget> {

@@ -70,6 +70,10 @@ class Implementation:
     default_options: Mapping[str, Any] = field(default_factory=dict)
     extra_check: Optional[ExtraCheck] = None
     validate_options: Optional[OptionCheck] = None
+    # SPEC outputs the implementation cannot produce (e.g. "entropy" for a kernel that
+    # returns logp only). Its function still returns a placeholder there (the module's
+    # outputs are SPEC's); the manifest lists them and the suite never gates them.
+    not_provided: frozenset = frozenset()
 
     def resolve_options(self, options: Mapping[str, Any]) -> dict:
         """Defaults merged with the request's ``impl_options``; unknown keys are errors."""

@@ -1,0 +1,1 @@
+"""A stand-alone example of kernels living outside grpo-conformance (docs/external.md)."""
