@@ -94,10 +94,36 @@ def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
     return fn_fused
 
 
+def pad_value(dtype) -> float:
+    """A logit that is never the max and whose probability is exactly 0 after any
+    temperature: -1e30, or half the most negative finite value of a 16-bit float type."""
+    info = jnp.finfo(dtype)
+    return -1e30 if float(info.max) > 1e31 else float(info.min) / 2
+
+
+def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+    """The differentiable core: (logits, ids) or (hidden, lm_head, ids, valid_v=None) ->
+    (logp [B, T], entropy [B, T]); fused columns >= valid_v (a traced count) are padding."""
+    del options
+    if problem.level == "logits":
+        def f(logits, chosen_ids):
+            return logp_and_entropy(logits, chosen_ids, k.temperature)
+        return f
+
+    def f_fused(hidden, lm_head, chosen_ids, valid_v=None):
+        z = fused_logits(hidden, lm_head, k.logits_dtype)
+        if valid_v is not None:
+            col = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1)
+            z = jnp.where(col < valid_v, z, pad_value(jnp.float32))
+        return logp_and_entropy(z, chosen_ids, k.temperature)
+    return f_fused
+
+
 IMPLEMENTATION = Implementation(
     id="jax_baseline",
     description="pure JAX: f32 log_softmax + gather, jax.value_and_grad (the seeds' reference)",
     build=build,
     capabilities=Capabilities(),  # every level, dtype, platform and knob
     default_options={},
+    per_token=per_token,
 )

@@ -74,6 +74,13 @@ class Implementation:
     # returns logp only). Its function still returns a placeholder there (the module's
     # outputs are SPEC's); the manifest lists them and the suite never gates them.
     not_provided: frozenset = frozenset()
+    # The differentiable per-token core, for the multi-device wrappers (impls/sharded.py):
+    # ``per_token(problem, knobs, options)`` -> ``f(logits, ids)`` or
+    # ``f(hidden, lm_head, ids, valid_v=None)`` -> (logp [B, T] f32, entropy [B, T] f32),
+    # differentiable in logits / hidden / lm_head with SPEC's gradient (entropy: none).
+    # ``valid_v`` (fused level, a traced int32 count) marks columns >= it as padding that
+    # must never enter the logsumexp. None: the implementation runs on one device only.
+    per_token: Optional[Callable] = None
 
     def resolve_options(self, options: Mapping[str, Any]) -> dict:
         """Defaults merged with the request's ``impl_options``; unknown keys are errors."""

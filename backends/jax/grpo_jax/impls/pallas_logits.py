@@ -480,9 +480,9 @@ def make_logp_entropy(*, plan, temperature, interpret, bwd_impl, mask_tail=True,
 
 # --------------------------------------------------------------------------- builder
 
-def _builder(bwd_impl_fixed: Optional[str]):
-    def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
-        """All SPEC inputs in order -> (loss, metrics..., dlogits)."""
+def _per_token_builder(bwd_impl_fixed: Optional[str]):
+    def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+        """(logits [B, T, V], ids [B, T]) -> (logp, entropy) [B, T], through the kernels."""
         if problem.level != "logits":
             raise ValueError("pallas_logits implements the logits level only")
         _validate_options({"interpret": None, **options})
@@ -498,17 +498,29 @@ def _builder(bwd_impl_fixed: Optional[str]):
             mask_tail=not options.get("_unsafe_no_tail_mask", False),
             vmem_limit_bytes=options.get("vmem_limit_bytes"))
 
-        def per_token(x):  # kernel per-token output -> [B, T]
+        def per_token_out(x):  # kernel per-token output -> [B, T]
             return jnp.transpose(x.reshape(stats3), inverse).reshape(b, t)
 
-        def loss_fn(logits, chosen_ids, old_logp, ref_logp, advantages, mask):
+        def f(logits, chosen_ids):
             # The transposes (and the flat [N, V] reshape) are bitcasts when plan.layout is
             # the arrays' physical order: no copy of logits or dlogits.
             zp = jnp.transpose(logits, plan.perm).reshape(plan.shape)
             idsp = jnp.transpose(chosen_ids.astype(jnp.int32)[..., None], plan.perm)
             logp_p, ent_p = kernel(zp, idsp.reshape(_stats_shape(plan)))
-            logp = per_token(logp_p)
-            entropy = jax.lax.stop_gradient(per_token(ent_p))
+            return per_token_out(logp_p), jax.lax.stop_gradient(per_token_out(ent_p))
+        return f
+    return per_token
+
+
+def _builder(bwd_impl_fixed: Optional[str]):
+    per_token = _per_token_builder(bwd_impl_fixed)
+
+    def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+        """All SPEC inputs in order -> (loss, metrics..., dlogits)."""
+        core = per_token(problem, k, options)
+
+        def loss_fn(logits, chosen_ids, old_logp, ref_logp, advantages, mask):
+            logp, entropy = core(logits, chosen_ids)
             loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
             return loss, (jax.lax.stop_gradient(logp), aux, entropy)
 
@@ -535,6 +547,7 @@ IMPLEMENTATION = Implementation(
     default_options={**_COMMON_OPTIONS, "bwd_impl": "pallas"},
     extra_check=extra_check,
     validate_options=_validate_options,
+    per_token=_per_token_builder(None),
 )
 
 IMPLEMENTATION_JAXBWD = Implementation(
@@ -545,4 +558,5 @@ IMPLEMENTATION_JAXBWD = Implementation(
     default_options=dict(_COMMON_OPTIONS),
     extra_check=extra_check,
     validate_options=_validate_options,
+    per_token=_per_token_builder("jax"),
 )
