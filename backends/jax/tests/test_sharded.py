@@ -65,3 +65,20 @@ def test_support_reasons():
     impl = get("jax_baseline")
     assert "not divisible" in sharded.support_reason(impl, Problem("logits", 3, 4, 300, None, "f32"), 4, "batch")
     assert sharded.support_reason(impl, Problem("logits", 3, 4, 300, None, "f32"), 4, "vocab") is None
+
+
+FUSED = [("jax_baseline", {}), ("xla_chunked", dict(chunk_tokens=8, chunk_vocab=128)),
+         ("pallas_fused", dict(block_tokens=8, block_v=128))]
+
+
+@pytest.mark.parametrize("impl,options", FUSED)
+@pytest.mark.parametrize("sharding,devices,v", [("batch", 4, 1000), ("vocab", 4, 1000),
+                                                ("vocab", 4, 1001), ("vocab", 8, 1001)])
+@pytest.mark.parametrize("name,logits_dtype", [("grpo_token_beta", "f32"),
+                                               ("bnpo_tau_nobeta", "input")])
+def test_fused_level_sharded_matches_oracle(impl, options, sharding, devices, v, name, logits_dtype):
+    problem = Problem("fused", 4, 5, v, 40, "bf16")
+    inputs = make_inputs(problem, 5)
+    knobs = Knobs.from_json(dict(KNOB_SETS[name], logits_dtype=logits_dtype))
+    got = _run(impl, problem, knobs, inputs, devices, sharding, options)
+    assert compare(got, oracle(inputs, knobs.to_json(), "fused"), inputs["mask"], "bf16") == []

@@ -101,13 +101,26 @@ def pad_value(dtype) -> float:
     return -1e30 if float(info.max) > 1e31 else float(info.min) / 2
 
 
+def _core(z, chosen_ids, temperature: float):
+    """logp = s_y − logsumexp(s) (s_y = 0 for an id of −1: no column) and entropy."""
+    s = z.astype(f32) / temperature
+    lse = jax.nn.logsumexp(s, axis=-1)
+    ids = chosen_ids.astype(jnp.int32)
+    s_y = jnp.take_along_axis(s, jnp.maximum(ids, 0)[..., None], axis=-1)[..., 0]
+    logp = jnp.where(ids >= 0, s_y, 0.0) - lse
+    lp = jax.lax.stop_gradient(s - lse[..., None])
+    entropy = -jnp.sum(jnp.exp(lp) * lp, axis=-1)
+    return logp, entropy
+
+
 def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
     """The differentiable core: (logits, ids) or (hidden, lm_head, ids, valid_v=None) ->
-    (logp [B, T], entropy [B, T]); fused columns >= valid_v (a traced count) are padding."""
+    (logp [B, T], entropy [B, T]); fused columns >= valid_v (a traced count) are padding;
+    an id of −1 selects no column (logp = −logsumexp)."""
     del options
     if problem.level == "logits":
         def f(logits, chosen_ids):
-            return logp_and_entropy(logits, chosen_ids, k.temperature)
+            return _core(logits, chosen_ids, k.temperature)
         return f
 
     def f_fused(hidden, lm_head, chosen_ids, valid_v=None):
@@ -115,7 +128,7 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
         if valid_v is not None:
             col = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1)
             z = jnp.where(col < valid_v, z, pad_value(jnp.float32))
-        return logp_and_entropy(z, chosen_ids, k.temperature)
+        return _core(z, chosen_ids, k.temperature)
     return f_fused
 
 

@@ -79,7 +79,9 @@ class Implementation:
     # ``f(hidden, lm_head, ids, valid_v=None)`` -> (logp [B, T] f32, entropy [B, T] f32),
     # differentiable in logits / hidden / lm_head with SPEC's gradient (entropy: none).
     # ``valid_v`` (fused level, a traced int32 count) marks columns >= it as padding that
-    # must never enter the logsumexp. None: the implementation runs on one device only.
+    # must never enter the logsumexp. A chosen id of −1 selects no column: logp is then
+    # −logsumexp, with its gradient (the vocab-parallel wrapper relies on it).
+    # None: the implementation runs on one device only.
     per_token: Optional[Callable] = None
 
     def resolve_options(self, options: Mapping[str, Any]) -> dict:

@@ -86,6 +86,7 @@ class Plan(NamedTuple):
     round_logits: bool  # logits_dtype == "input"
     dz_dtype: Any       # dtype of dz in the backward matmuls
     precision: Any      # lax.Precision of the matmuls
+    dynamic_valid: bool = False  # a traced count of real columns comes in SMEM (vocab shards)
 
     @property
     def tok_blocks(self) -> int:
@@ -97,7 +98,8 @@ class Plan(NamedTuple):
 
     @property
     def tail_v(self) -> bool:
-        return self.v % self.bv != 0
+        """Whether columns must be masked (a partial last tile, or padding of a shard)."""
+        return self.v % self.bv != 0 or self.dynamic_valid
 
     @property
     def tail_n(self) -> bool:
@@ -133,29 +135,37 @@ def _cols(plan: Plan, j, shape):
     return j * plan.bv + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
 
 
-def _dz(plan: Plan, j, s, ids, lse, g):
-    """g * (onehot - p) / tau for one tile, 0 in columns >= V."""
+def _split(plan: Plan, refs):
+    """(valid limit: the SMEM count or the static V, the kernel's other refs)."""
+    if plan.dynamic_valid:
+        return refs[0][0], refs[1:]
+    return plan.v, refs
+
+
+def _dz(plan: Plan, j, s, ids, lse, g, vlim):
+    """g * (onehot - p) / tau for one tile, 0 in columns >= vlim."""
     col = _cols(plan, j, s.shape)
     onehot = (col == ids).astype(f32)
     dz = g * (onehot - jnp.exp(s - lse)) / plan.temperature
     if plan.tail_v:
-        dz = jnp.where(col < plan.v, dz, 0.0)
+        dz = jnp.where(col < vlim, dz, 0.0)
     return dz
 
 
-def _valid_w(plan: Plan, j, w):
-    """The W tile with its out-of-bounds vocab entries (last tile) set to 0."""
+def _valid_w(plan: Plan, j, w, vlim):
+    """The W tile with its out-of-bounds or padding vocab entries set to 0."""
     if not plan.tail_v:
         return w
     axis = 0 if plan.vocab_major else 1
     col = j * plan.bv + jax.lax.broadcasted_iota(jnp.int32, w.shape, axis)
-    return jnp.where(col < plan.v, w, jnp.zeros_like(w))
+    return jnp.where(col < vlim, w, jnp.zeros_like(w))
 
 
 # --------------------------------------------------------------------------- kernels
 
-def _fwd_kernel(ids_ref, h_ref, w_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a_sc, c_sc,
-                *, plan: Plan):
+def _fwd_kernel(*refs, plan: Plan):
+    vlim, (ids_ref, h_ref, w_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a_sc, c_sc) = \
+        _split(plan, refs)
     j = pl.program_id(1)
 
     @pl.when(j == 0)
@@ -168,7 +178,7 @@ def _fwd_kernel(ids_ref, h_ref, w_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a
     s = _logits(plan, h_ref[...], w_ref[...])
     col = _cols(plan, j, s.shape)
     if plan.tail_v:
-        s = jnp.where(col < plan.v, s, -jnp.inf)
+        s = jnp.where(col < vlim, s, -jnp.inf)
     m_old, l_old, a_old = m_sc[...], l_sc[...], a_sc[...]
     m_new = jnp.maximum(m_old, jnp.max(s, axis=1, keepdims=True))
     alpha = jnp.exp(m_old - m_new)
@@ -189,16 +199,17 @@ def _fwd_kernel(ids_ref, h_ref, w_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a
         ent_ref[...] = log_l - a_sc[...] / l_sc[...]
 
 
-def _dhidden_kernel(ids_ref, lse_ref, g_ref, h_ref, w_ref, dh_ref, acc, *, plan: Plan):
+def _dhidden_kernel(*refs, plan: Plan):
+    vlim, (ids_ref, lse_ref, g_ref, h_ref, w_ref, dh_ref, acc) = _split(plan, refs)
     j = pl.program_id(1)
 
     @pl.when(j == 0)
     def _init():
         acc[...] = jnp.zeros(acc.shape, f32)
 
-    w = _valid_w(plan, j, w_ref[...])
+    w = _valid_w(plan, j, w_ref[...], vlim)
     s = _logits(plan, h_ref[...], w)
-    dz = _dz(plan, j, s, ids_ref[...], lse_ref[...], g_ref[...]).astype(plan.dz_dtype)
+    dz = _dz(plan, j, s, ids_ref[...], lse_ref[...], g_ref[...], vlim).astype(plan.dz_dtype)
     w = w.astype(plan.dz_dtype)
     # dh += dz @ W_tile^T, contracting the tile's vocab entries.
     dims = (((1,), (0,)), ((), ())) if plan.vocab_major else (((1,), (1,)), ((), ()))
@@ -210,7 +221,8 @@ def _dhidden_kernel(ids_ref, lse_ref, g_ref, h_ref, w_ref, dh_ref, acc, *, plan:
         dh_ref[...] = acc[...].astype(dh_ref.dtype)
 
 
-def _dlm_head_kernel(ids_ref, lse_ref, g_ref, h_ref, w_ref, dw_ref, acc, *, plan: Plan):
+def _dlm_head_kernel(*refs, plan: Plan):
+    vlim, (ids_ref, lse_ref, g_ref, h_ref, w_ref, dw_ref, acc) = _split(plan, refs)
     j, i = pl.program_id(0), pl.program_id(1)
 
     @pl.when(i == 0)
@@ -221,8 +233,8 @@ def _dlm_head_kernel(ids_ref, lse_ref, g_ref, h_ref, w_ref, dw_ref, acc, *, plan
     if plan.tail_n:  # rows past N: unspecified memory; they must not enter h^T @ dz
         row = i * plan.bt + jax.lax.broadcasted_iota(jnp.int32, (h.shape[0], 1), 0)
         h = jnp.where(row < plan.n, h, jnp.zeros_like(h))
-    s = _logits(plan, h, _valid_w(plan, j, w_ref[...]))
-    dz = _dz(plan, j, s, ids_ref[...], lse_ref[...], g_ref[...])
+    s = _logits(plan, h, _valid_w(plan, j, w_ref[...], vlim))
+    dz = _dz(plan, j, s, ids_ref[...], lse_ref[...], g_ref[...], vlim)
     if plan.tail_n:
         dz = jnp.where(row < plan.n, dz, 0.0)
     dz = dz.astype(plan.dz_dtype)
@@ -292,11 +304,16 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
     mm = 2 * n * h * v
     it = jnp.dtype(plan.dtype).itemsize
 
-    def forward(hidden, w, ids):
+    smem = [pl.BlockSpec(memory_space=pltpu.SMEM)] if plan.dynamic_valid else []
+
+    def pre(valid):  # the SMEM count, first operand of every kernel (vocab shards)
+        return [valid.reshape(1).astype(jnp.int32)] if plan.dynamic_valid else []
+
+    def forward(hidden, w, ids, valid):
         return pl.pallas_call(
             functools.partial(_fwd_kernel, plan=plan),
             grid=(plan.tok_blocks, plan.voc_tiles),
-            in_specs=[row, hid, _w_spec(plan, lambda i, j: j)],
+            in_specs=smem + [row, hid, _w_spec(plan, lambda i, j: j)],
             out_specs=[row] * 3,
             out_shape=[col] * 3,
             scratch_shapes=[pltpu.VMEM((bt, 1), f32)] * 4,
@@ -306,13 +323,13 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
                 bytes_accessed=it * (n * h + plan.tok_blocks * h * v) + 16 * n),
             interpret=interpret,
             name="grpo_fused_fwd",
-        )(ids, hidden, w)
+        )(*pre(valid), ids, hidden, w)
 
-    def dhidden(hidden, w, ids, lse, g):
+    def dhidden(hidden, w, ids, lse, g, valid):
         return pl.pallas_call(
             functools.partial(_dhidden_kernel, plan=plan),
             grid=(plan.tok_blocks, plan.voc_tiles),
-            in_specs=[row, row, row, hid, _w_spec(plan, lambda i, j: j)],
+            in_specs=smem + [row, row, row, hid, _w_spec(plan, lambda i, j: j)],
             out_specs=hid,
             out_shape=jax.ShapeDtypeStruct((n, h), hidden.dtype),
             scratch_shapes=[pltpu.VMEM((bt, h), f32)],
@@ -322,9 +339,9 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
                 bytes_accessed=it * (2 * n * h + plan.tok_blocks * h * v) + 12 * n),
             interpret=interpret,
             name="grpo_fused_dhidden",
-        )(ids, lse, g, hidden, w)
+        )(*pre(valid), ids, lse, g, hidden, w)
 
-    def dlm_head(hidden, w, ids, lse, g):
+    def dlm_head(hidden, w, ids, lse, g, valid):
         trow = pl.BlockSpec((bt, 1), lambda j, i: (i, 0))
         thid = pl.BlockSpec((bt, h), lambda j, i: (i, 0))
         wspec = _w_spec(plan, lambda j, i: j)
@@ -332,7 +349,7 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
         return pl.pallas_call(
             functools.partial(_dlm_head_kernel, plan=plan),
             grid=(plan.voc_tiles, plan.tok_blocks),
-            in_specs=[trow, trow, trow, thid, wspec],
+            in_specs=smem + [trow, trow, trow, thid, wspec],
             out_specs=wspec,
             out_shape=jax.ShapeDtypeStruct(w.shape, w.dtype),
             scratch_shapes=[pltpu.VMEM(acc, f32)],
@@ -342,21 +359,22 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
                 bytes_accessed=it * (plan.voc_tiles * n * h + 2 * h * v) + 12 * n),
             interpret=interpret,
             name="grpo_fused_dlm_head",
-        )(ids, lse, g, hidden, w)
+        )(*pre(valid), ids, lse, g, hidden, w)
 
     @jax.custom_vjp
-    def logp_entropy(hidden, w, ids):
-        _, logp, ent = forward(hidden, w, ids)
+    def logp_entropy(hidden, w, ids, valid):
+        _, logp, ent = forward(hidden, w, ids, valid)
         return logp, ent
 
-    def fwd_rule(hidden, w, ids):
-        lse, logp, ent = forward(hidden, w, ids)
-        return (logp, ent), (hidden, w, ids, lse)
+    def fwd_rule(hidden, w, ids, valid):
+        lse, logp, ent = forward(hidden, w, ids, valid)
+        return (logp, ent), (hidden, w, ids, valid, lse)
 
     def bwd_rule(res, cts):
-        hidden, w, ids, lse = res
+        hidden, w, ids, valid, lse = res
         g = cts[0].astype(f32)  # entropy's cotangent is ignored (a metric)
-        return dhidden(hidden, w, ids, lse, g), dlm_head(hidden, w, ids, lse, g), None
+        return (dhidden(hidden, w, ids, lse, g, valid), dlm_head(hidden, w, ids, lse, g, valid),
+                None, None)
 
     logp_entropy.defvjp(fwd_rule, bwd_rule)
     return logp_entropy
@@ -390,7 +408,8 @@ def _validate_options(options: Mapping[str, Any]) -> None:
                            f"(0, {VMEM_LIMIT_MAX_BYTES}], got {limit!r}")
 
 
-def make_plan(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Plan:
+def make_plan(p: Problem, k: Knobs, options: Mapping[str, Any],
+              dynamic_valid: bool = False) -> Plan:
     """Block sizes (clamped to the arrays), W's orientation and the in-kernel dtypes."""
     n = p.b * p.t
     layout = options["lm_head_layout"] or (
@@ -403,7 +422,8 @@ def make_plan(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Plan:
         round_logits=k.logits_dtype == "input",
         dz_dtype=dtype if options["bwd_dz_dtype"] == "input" else f32,
         precision=(jax.lax.Precision.HIGHEST if p.dtype == "f32" or options["bwd_dz_dtype"] == "f32"
-                   else jax.lax.Precision.DEFAULT))
+                   else jax.lax.Precision.DEFAULT),
+        dynamic_valid=dynamic_valid)
 
 
 def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[str]:
@@ -429,23 +449,40 @@ def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[st
     return "; ".join(bad) if bad else None
 
 
-def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
-    """All SPEC inputs in order -> (loss, metrics..., dhidden, dlm_head)."""
+def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+    """(hidden [B, T, H], lm_head [H, V], ids [B, T], valid_v=None) -> (logp, entropy)
+    [B, T]; columns >= valid_v (a traced count, passed to the kernels in SMEM) are padding;
+    an id of -1 selects no column."""
     if problem.level != "fused":
         raise ValueError("pallas_fused implements the fused level only")
     _validate_options(options)
     b, t, h = problem.b, problem.t, problem.h
-    plan = make_plan(problem, k, options)
-    kernel = make_logp_entropy(plan, interpret=_interpret(problem.platform, options),
-                               vmem_limit_bytes=options["vmem_limit_bytes"])
+    kernels = {}
 
-    def loss_fn(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
+    def kernel_for(dynamic: bool):
+        if dynamic not in kernels:
+            plan = make_plan(problem, k, options, dynamic_valid=dynamic)
+            kernels[dynamic] = (plan, make_logp_entropy(
+                plan, interpret=_interpret(problem.platform, options),
+                vmem_limit_bytes=options["vmem_limit_bytes"]))
+        return kernels[dynamic]
+
+    def f(hidden, lm_head, chosen_ids, valid_v=None):
+        plan, kernel = kernel_for(valid_v is not None)
         # lm_head.T is a bitcast when [V][H] is its physical order (no copy).
         w = lm_head.T if plan.vocab_major else lm_head
         ids = chosen_ids.reshape(plan.n, 1).astype(jnp.int32)
-        logp, ent = kernel(hidden.reshape(plan.n, h), w, ids)
-        logp = logp.reshape(b, t)
-        entropy = jax.lax.stop_gradient(ent.reshape(b, t))
+        logp, ent = kernel(hidden.reshape(plan.n, h), w, ids, valid_v)
+        return logp.reshape(b, t), jax.lax.stop_gradient(ent.reshape(b, t))
+    return f
+
+
+def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+    """All SPEC inputs in order -> (loss, metrics..., dhidden, dlm_head)."""
+    core = per_token(problem, k, options)
+
+    def loss_fn(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
+        logp, entropy = core(hidden, lm_head, chosen_ids)
         loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
         return loss, (jax.lax.stop_gradient(logp), aux, entropy)
 
@@ -468,4 +505,5 @@ IMPLEMENTATION = Implementation(
                      "lm_head_layout": None, "bwd_dz_dtype": "input", "vmem_limit_bytes": None},
     extra_check=extra_check,
     validate_options=_validate_options,
+    per_token=per_token,
 )

@@ -14,8 +14,10 @@ V is padded up to a multiple of N when it does not divide (151643 on 4 or 8, 204
 padded logits get ``pad_value`` (probability exactly 0), padded LM-head columns are
 excluded by the core's ``valid_v`` (a zero column would give logit 0 and count in the
 normaliser: a known bug class). Per shard k the core is called with every chosen id set
-to the shard's column 0, which yields lse_k = s_0 − logp_0 and the shard's entropy; the
-chosen logit is read from the shard that owns it. Across shards (outside shard_map):
+to −1, which selects no column (the ``per_token`` contract): it returns −lse_k and the
+shard's entropy, and its VJP is exactly d lse_k / dz = softmax_k / τ (no cancellation of
+two large terms, which in bf16 cost more than the tolerance when it was tried with a real
+column and s_0 − logp_0); the chosen logit is read from the shard that owns it. Across shards (outside shard_map):
 lse = logsumexp_k lse_k (max-shifted), logp = c − lse, entropy = lse − Σ_k w_k (lse_k −
 ent_k) with w_k = exp(lse_k − lse). Gradients flow through the core's own VJP:
 d lse_k / dz = softmax_k(z) / τ, so dlogits / dlm_head come out sharded like the inputs.
@@ -124,21 +126,20 @@ def build(impl: Implementation, problem: Problem, k: Knobs, options: Mapping[str
             y_l = ids - off
             own = (y_l >= 0) & (y_l < v_l)
             y_c = jnp.clip(y_l, 0, v_l - 1)
-            zeros = jnp.zeros_like(ids)
+            none = jnp.full_like(ids, -1)  # selects no column: the core returns -lse_k
             if level == "logits":
                 (z,) = head
-                logp0, ent = core(z, zeros)
-                s0 = z[..., 0].astype(f32) / k.temperature
+                neg_lse, ent = core(z, none)
                 s_y = jnp.take_along_axis(z, y_c[..., None], axis=-1)[..., 0].astype(f32)
                 s_y = s_y / k.temperature
             else:
-                hidden, w = head
+                hidden32, w = head
+                hidden = hidden32.astype(w.dtype)  # the kernel's dtype; see per_token below
                 valid = jnp.clip(v - off, 0, v_l).astype(jnp.int32)
-                logp0, ent = core(hidden, w, zeros, valid)
-                s0 = _fused_logit(hidden, w[:, 0], k, problem)
+                neg_lse, ent = core(hidden, w, none, valid)
                 w_y = jnp.take(w, y_c, axis=1)                      # [H, B, T]
-                s_y = _fused_logit(hidden, jnp.moveaxis(w_y, 0, -1), k, problem, per_token=True)
-            lse_k = s0 - logp0
+                s_y = _fused_logit(hidden32, jnp.moveaxis(w_y, 0, -1), k, problem)
+            lse_k = -neg_lse
             c_k = jnp.where(own, s_y, 0.0)
             return lse_k[None], jax.lax.stop_gradient(ent)[None], c_k[None]
 
@@ -147,8 +148,13 @@ def build(impl: Implementation, problem: Problem, k: Knobs, options: Mapping[str
             if level == "logits" and v_pad != v:
                 head = [jnp.pad(head[0], ((0, 0), (0, 0), (0, v_pad - v)),
                                 constant_values=pad_value(head[0].dtype))]
-            elif level == "fused" and v_pad != v:
-                head = [head[0], jnp.pad(head[1], ((0, 0), (0, v_pad - v)))]
+            elif level == "fused":
+                # hidden enters the shards in f32 so that the per-shard dhidden partials
+                # (each rounded once to the input dtype by the core) are summed across
+                # shards in f32, not in bf16 (measured: 8 shards summed in bf16 exceeded
+                # the bf16 tolerance on dhidden by 4%).
+                w = head[1] if v_pad == v else jnp.pad(head[1], ((0, 0), (0, v_pad - v)))
+                head = [head[0].astype(f32), w]
             lse_k, ent_k, c_k = jax.shard_map(
                 shard_stats, mesh=m,
                 in_specs=tuple(in_specs[:nhead]) + (P(),),
@@ -183,18 +189,13 @@ def shardings(problem: Problem, sharding: str, devices: int):
     return (tuple(NamedSharding(m, s) for s in ins), tuple(NamedSharding(m, s) for s in outs))
 
 
-def _fused_logit(hidden, w_cols, k: Knobs, problem: Problem, per_token: bool = False):
-    """s = round?(hidden @ w) / τ for one column per token ([B, T, H] · [B, T, H]) or one
-    column for all ([B, T, H] · [H])."""
-    if per_token:
-        z = jnp.einsum("bth,bth->bt", hidden.astype(f32), w_cols.astype(f32),
-                       precision=jax.lax.Precision.HIGHEST)
-    else:
-        z = jnp.einsum("bth,h->bt", hidden.astype(f32), w_cols.astype(f32),
-                       precision=jax.lax.Precision.HIGHEST)
+def _fused_logit(hidden, w_cols, k: Knobs, problem: Problem):
+    """s = round?(hidden · w) / τ with one LM-head column per token ([B, T, H] · [B, T, H])."""
+    z = jnp.einsum("bth,bth->bt", hidden.astype(f32), w_cols.astype(f32),
+                   precision=jax.lax.Precision.HIGHEST)
     if k.logits_dtype == "input" and problem.dtype != "f32":
         from .baseline import round_to
-        z = round_to(z, hidden.dtype)
+        z = round_to(z, w_cols.dtype)
     return z / k.temperature
 
 

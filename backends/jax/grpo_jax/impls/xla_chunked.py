@@ -76,7 +76,7 @@ def _loop(pieces, body, carry):
 
 
 def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, chunk_vocab,
-                      precision, vocab_major):
+                      precision, vocab_major, dynamic_valid=False):
     """(hidden2 [N, H], w, ids [N]) -> (logp [N], entropy [N]) with SPEC's VJP (entropy
     carries no gradient). ``w`` is lm_head [H, V], or its transpose [V, H] when
     ``vocab_major`` (the LM head's physical order on TPU for some V: see Layout)."""
@@ -93,7 +93,7 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
             z = round_to(z, dtype)
         return z / tau
 
-    def forward(hidden, lm_head, ids):
+    def forward(hidden, lm_head, ids, valid):
         def token_chunk(outs, t0, tn):
             h = jax.lax.dynamic_slice_in_dim(hidden, t0, tn, 0)
             y = jax.lax.dynamic_slice_in_dim(ids, t0, tn, 0)
@@ -102,6 +102,9 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
                 m_old, l_old, a_old, c_old = st
                 w = jax.lax.dynamic_slice_in_dim(lm_head, v0, vn, vax)
                 s = scaled(h, w)
+                col = v0 + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+                if valid is not None:  # columns >= valid are padding (vocab-parallel shard)
+                    s = jnp.where(col < valid, s, -jnp.inf)
                 m_new = jnp.maximum(m_old, jnp.max(s, axis=1))
                 alpha = jnp.exp(m_old - m_new)
                 d = s - m_new[:, None]
@@ -109,7 +112,6 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
                 ed = jnp.where(e > 0, e * d, 0.0)
                 l_new = alpha * l_old + jnp.sum(e, axis=1)
                 a_new = alpha * (a_old + (m_old - m_new) * l_old) + jnp.sum(ed, axis=1)
-                col = v0 + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
                 c_new = c_old + jnp.sum(jnp.where(col == y[:, None], s, 0.0), axis=1)
                 return m_new, l_new, a_new, c_new
 
@@ -126,16 +128,16 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
         return _loop(tok_pieces, token_chunk, (zeros, zeros, zeros))
 
     @jax.custom_vjp
-    def logp_entropy(hidden, lm_head, ids):
-        _, logp, ent = forward(hidden, lm_head, ids)
+    def logp_entropy(hidden, lm_head, ids, valid):
+        _, logp, ent = forward(hidden, lm_head, ids, valid)
         return logp, ent
 
-    def fwd_rule(hidden, lm_head, ids):
-        lse, logp, ent = forward(hidden, lm_head, ids)
-        return (logp, ent), (hidden, lm_head, ids, lse)
+    def fwd_rule(hidden, lm_head, ids, valid):
+        lse, logp, ent = forward(hidden, lm_head, ids, valid)
+        return (logp, ent), (hidden, lm_head, ids, valid, lse)
 
     def bwd_rule(res, cts):
-        hidden, lm_head, ids, lse = res
+        hidden, lm_head, ids, valid, lse = res
         g = cts[0].astype(f32)  # entropy's cotangent is ignored (a metric)
         hdim = hidden.shape[1]
 
@@ -153,6 +155,8 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
                 col = v0 + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
                 onehot = (col == y[:, None]).astype(f32)
                 dz = g_c[:, None] * (onehot - jnp.exp(s - lse_c[:, None])) / tau
+                if valid is not None:  # padding columns: no gradient (and w may be 0 there)
+                    dz = jnp.where(col < valid, dz, 0.0)
                 hf, wf = h.astype(f32), w.astype(f32)
                 if vocab_major:   # dW^T chunk [Vc, H] += dz^T h;  dh += dz @ w
                     dwc = dwc + jnp.dot(dz.T, hf, precision=precision)
@@ -172,10 +176,12 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
         dh0 = jnp.zeros((n, hdim), f32)
         dw0 = jnp.zeros(lm_head.shape, lm_head.dtype)
         dh, dw = _loop(voc_pieces, vocab_chunk, (dh0, dw0))
-        return dh.astype(hidden.dtype), dw, None
+        return dh.astype(hidden.dtype), dw, None, None
 
     logp_entropy.defvjp(fwd_rule, bwd_rule)
-    return logp_entropy
+    if dynamic_valid:
+        return logp_entropy
+    return lambda hidden, lm_head, ids: logp_entropy(hidden, lm_head, ids, None)
 
 
 def _validate_options(options: Mapping[str, Any]) -> None:
@@ -191,8 +197,9 @@ def _validate_options(options: Mapping[str, Any]) -> None:
                            f"got {options['matmul_precision']!r}")
 
 
-def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
-    """All SPEC inputs in order -> (loss, metrics..., dhidden, dlm_head)."""
+def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+    """(hidden [B, T, H], lm_head [H, V], ids [B, T], valid_v=None) -> (logp, entropy)
+    [B, T]; columns >= valid_v (a traced count) are padding."""
     if problem.level != "fused":
         raise ValueError("xla_chunked implements the fused level only")
     _validate_options(options)
@@ -209,14 +216,23 @@ def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
                                    "f16": jnp.float16}[problem.dtype]),
         temperature=k.temperature, logits_dtype=k.logits_dtype,
         chunk_tokens=options["chunk_tokens"], chunk_vocab=options["chunk_vocab"],
-        precision=precision, vocab_major=vocab_major)
+        precision=precision, vocab_major=vocab_major, dynamic_valid=True)
 
-    def loss_fn(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
+    def f(hidden, lm_head, chosen_ids, valid_v=None):
         # lm_head.T is a bitcast when [V][H] is its physical order (no copy).
         w = lm_head.T if vocab_major else lm_head
-        logp, ent = kernel(hidden.reshape(n, h), w, chosen_ids.reshape(n).astype(jnp.int32))
-        logp = logp.reshape(b, t)
-        entropy = jax.lax.stop_gradient(ent.reshape(b, t))
+        logp, ent = kernel(hidden.reshape(n, h), w, chosen_ids.reshape(n).astype(jnp.int32),
+                           valid_v)
+        return logp.reshape(b, t), jax.lax.stop_gradient(ent.reshape(b, t))
+    return f
+
+
+def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+    """All SPEC inputs in order -> (loss, metrics..., dhidden, dlm_head)."""
+    core = per_token(problem, k, options)
+
+    def loss_fn(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
+        logp, entropy = core(hidden, lm_head, chosen_ids)
         loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
         return loss, (jax.lax.stop_gradient(logp), aux, entropy)
 
@@ -238,4 +254,5 @@ IMPLEMENTATION = Implementation(
                      "lm_head_layout": None},
     extra_check=lambda p, k, o: _validate_options(o),
     validate_options=_validate_options,
+    per_token=per_token,
 )
