@@ -60,11 +60,11 @@ pub struct Golden {
 
 /// Where the golden file of `case` lives under `dir`.
 pub fn path(dir: &Path, case: &Case) -> PathBuf {
-    dir.join(format!("{}.json", case.id))
+    dir.join(format!("{}.json", case.data_id()))
 }
 
 fn sample_positions(case: &Case, n: usize) -> Vec<usize> {
-    let s = rng::Stream::new(&case.id, "golden_samples");
+    let s = rng::Stream::new(case.data_id(), "golden_samples");
     let mut p: Vec<usize> = (0..SAMPLES as u64).map(|i| s.below(i, n as u64) as usize).collect();
     p.push(0);
     p.push(n - 1);
@@ -127,7 +127,7 @@ pub fn compute(case: &Case, inputs: &Inputs, o: &Oracle) -> Golden {
         per_token.insert("kl".into(), f(&masked(&o.kl)));
     }
     Golden {
-        case: case.id.clone(),
+        case: case.data_id().to_string(),
         provenance: Provenance {
             oracle_version: ORACLE_VERSION,
             generator_version: GENERATOR_VERSION,

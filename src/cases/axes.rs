@@ -1,6 +1,6 @@
 //! One set of case axes as written in YAML: every field optional, each a value or a list.
 
-use super::profiles::{AdvPattern, DataProfile, MaskPattern, TierName};
+use super::profiles::{AdvPattern, DataProfile, MaskPattern, Sharding, TierName};
 use crate::spec::{DType, IsLevel, Level, LogitsDtype, LossType};
 use serde::Deserialize;
 
@@ -206,4 +206,8 @@ axes!(
     /// Only backends that compile without executing (tpu-aot) run the case: no inputs,
     /// oracle or golden values (shapes whose f64 oracle would take hours on a CPU).
     compile_only: bool,
+    /// Devices (1, 2, 4, 8); > 1 needs `sharding`.
+    devices: usize,
+    /// batch | vocab (multi-device cases).
+    sharding: Sharding,
 );

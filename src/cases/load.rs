@@ -258,6 +258,8 @@ fn to_case(p: &Point, suites: &[Suite], origin: &str) -> Result<Case, String> {
         advantages: p.advantages.unwrap_or(AdvPattern::Mixed),
         tier: p.tier.unwrap_or(TierName::Standard),
         compile_only: p.compile_only.unwrap_or(false),
+        devices: p.devices.unwrap_or(1),
+        sharding: p.sharding,
         suites: {
             let mut s = suites.to_vec();
             s.sort();

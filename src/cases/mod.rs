@@ -6,7 +6,7 @@ mod profiles;
 
 pub use axes::{Axes, Maybe, OneOrMany};
 pub use load::{load_dir, load_file, parse, parse_fixed, Matrix, Suite};
-pub use profiles::{AdvPattern, DataProfile, MaskPattern, TierName};
+pub use profiles::{AdvPattern, DataProfile, MaskPattern, Sharding, TierName};
 
 use crate::spec::{DType, IsLevel, Knobs, Level, LogitsDtype};
 use serde::Serialize;
@@ -54,6 +54,10 @@ pub struct Case {
     pub tier: TierName,
     /// Run by compile-only backends only (no inputs, oracle or golden values).
     pub compile_only: bool,
+    /// Devices the implementation runs on (1: unsharded).
+    pub devices: usize,
+    /// How arrays are split over `devices` (None exactly when `devices` is 1).
+    pub sharding: Option<Sharding>,
     /// Suites the case belongs to (`full` is implied for all).
     pub suites: Vec<Suite>,
     /// YAML file and group that produced the case.
@@ -72,6 +76,22 @@ impl Case {
     /// same id are the same case. Inputs are keyed by this id: changing the format changes
     /// the generated data (bump [`crate::inputs::GENERATOR_VERSION`] and re-bless).
     pub fn make_id(&self) -> String {
+        match self.sharding {
+            Some(sh) if self.devices > 1 => format!("{}/d{}-{sh}", self.data_id_base(), self.devices),
+            _ => self.data_id_base(),
+        }
+    }
+
+    /// The id without the multi-device suffix: what inputs, oracle and golden values are
+    /// keyed by, so a sharded case has exactly its one-device twin's data.
+    pub fn data_id(&self) -> &str {
+        match self.id.rfind("/d") {
+            Some(i) if self.devices > 1 => &self.id[..i],
+            _ => &self.id,
+        }
+    }
+
+    fn data_id_base(&self) -> String {
         let k = &self.knobs;
         let level = match self.level {
             Level::Logits => "logits",
@@ -174,6 +194,15 @@ impl Case {
         }
         if self.level == Level::Logits && self.knobs.logits_dtype == LogitsDtype::Input {
             return Err("logits_dtype is a fused-level knob".into());
+        }
+        match (self.devices, self.sharding) {
+            (0, _) => return Err("devices must be >= 1".into()),
+            (1, Some(sh)) => return Err(format!("sharding {sh} needs devices > 1")),
+            (d, None) if d > 1 => return Err(format!("devices: {d} needs a sharding (batch or vocab)")),
+            (d, Some(Sharding::Batch)) if s.b % d != 0 => {
+                return Err(format!("batch sharding needs B divisible by devices, got B={} devices={d}", s.b))
+            }
+            _ => {}
         }
         Ok(())
     }

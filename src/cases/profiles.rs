@@ -135,6 +135,16 @@ named_enum!(
 );
 
 named_enum!(
+    /// How a multi-device case splits its arrays over the devices.
+    Sharding {
+        /// B split over devices (data parallel); loss normalisers are global.
+        Batch = "batch",
+        /// V split over devices (logits, or the LM head's columns; Megatron style).
+        Vocab = "vocab",
+    }
+);
+
+named_enum!(
     /// Tolerance tier named by a case; numbers live in `gates::tiers`.
     TierName {
         /// Default: f32 arithmetic on exact inputs.

@@ -70,7 +70,7 @@ impl Inputs {
     pub fn generate(case: &Case) -> Inputs {
         let s = case.shape;
         let rows = s.rows();
-        let id = case.id.as_str();
+        let id = case.data_id();
         let dt = case.dtype;
 
         let ids = Stream::new(id, "chosen_ids");

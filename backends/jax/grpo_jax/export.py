@@ -41,6 +41,7 @@ class Built(NamedTuple):
     problem: Problem
     fn: Optional[Callable]  # None when unsupported
     reason: Optional[str]   # the unsupported reason, else None
+    shardings: Optional[tuple] = None  # (in, out) NamedShardings for a multi-device case
 
 
 def build_function(norm: dict) -> Built:
@@ -52,33 +53,58 @@ def build_function(norm: dict) -> Built:
     options = impl.resolve_options(norm["impl_options"])
     norm = {**norm, "impl_options": options}
     reason = impl.support_reason(problem, knobs, options)
+    devices, sharding = norm.get("devices", 1), norm.get("sharding")
+    if reason is None and devices > 1:
+        from .impls import sharded
+        reason = sharded.support_reason(impl, problem, devices, sharding)
     if reason is not None:
         return Built(norm, impl, problem, None, reason)
+    if devices > 1:
+        from .impls import sharded
+        fn = sharded.build(impl, problem, knobs, options, devices, sharding)
+        return Built(norm, impl, problem, fn, None, sharded.shardings(problem, sharding, devices))
     return Built(norm, impl, problem, impl.build(problem, knobs, options), None)
 
 
-def export_function(fn, problem):
-    """``jax.export`` of ``fn`` for the problem's single platform."""
+def export_function(fn, problem, shardings=None):
+    """``jax.export`` of ``fn`` for the problem's single platform (over a device mesh when
+    ``shardings`` is given: the module then carries ``mhlo.num_partitions``)."""
     import jax
     args = [s.struct() for s in input_specs(problem)]
-    return jax.export.export(jax.jit(fn), platforms=[problem.platform])(*args)
+    if shardings is None:
+        jitted = jax.jit(fn)
+    else:
+        jitted = jax.jit(fn, in_shardings=shardings[0], out_shardings=shardings[1])
+    return jax.export.export(jitted, platforms=[problem.platform])(*args)
 
 
-def manifest_for(norm: dict, key: str, exported) -> dict:
-    """The manifest of an exported case; checks the module's avals against the SPEC names."""
+def manifest_for(norm: dict, key: str, exported, shardings=None) -> dict:
+    """The manifest of an exported case; checks the module's avals against the SPEC names.
+
+    Multi-device: ``num_partitions`` and, per input and output, ``shard_axis`` (the axis
+    split evenly over the devices in device order, or null: every device holds it whole)."""
     problem = problem_of(norm)
     ins, outs = input_specs(problem), output_specs(problem)
     _check_avals("input", ins, exported.in_avals)
     _check_avals("output", outs, exported.out_avals)
     kept = list(exported.module_kept_var_idx)
     jax_v, jaxlib_v = cache.versions()
+    in_axes = out_axes = None
+    if shardings is not None:
+        from .impls.sharded import shard_axis
+        in_axes = [shard_axis(s.spec) for s in shardings[0]]
+        out_axes = [shard_axis(s.spec) for s in shardings[1]]
+    inputs = [dict(ins[i].to_json(), shard_axis=in_axes[i] if in_axes else None) for i in kept]
+    outputs = [dict(o.to_json(), shard_axis=out_axes[j] if out_axes else None)
+               for j, o in enumerate(outs)]
     return {
         "impl": norm["impl"], "level": norm["level"], "platform": norm["platform"],
         "jax_version": jax_v, "jaxlib_version": jaxlib_v,
         "source_hash": cache.source_hash(), "key": key, "request": norm,
         "protocol": PROTOCOL_VERSION, "exporter_python": sys.executable,
-        "inputs": [ins[i].to_json() for i in kept],
-        "outputs": [o.to_json() for o in outs],
+        "num_partitions": exported.nr_devices,
+        "inputs": inputs,
+        "outputs": outputs,
         # Outputs the implementation cannot produce (e.g. a partial kernel's entropy): the
         # module returns a placeholder there, which the Rust side drops and never gates.
         "not_provided": sorted(built_not_provided(norm)),
@@ -110,8 +136,8 @@ def handle_request(req, cache_dir: Path) -> dict:
         manifest = cache.lookup(cache_dir, key)
         if manifest is not None:
             return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": True}
-        exported = export_function(built.fn, built.problem)
-        manifest = manifest_for(norm, key, exported)
+        exported = export_function(built.fn, built.problem, built.shardings)
+        manifest = manifest_for(norm, key, exported, built.shardings)
         cache.store(cache_dir, key, exported.mlir_module_serialized, manifest)
         return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": False}
     except Exception as exc:  # noqa: BLE001 - every failure becomes a result line
@@ -182,6 +208,11 @@ def main(argv=None) -> int:
                              "one {name, ok, error} per entry (no export)")
     parser.add_argument("--protocol", type=int, help="the protocol version the caller speaks")
     args = parser.parse_args(argv)
+    # Multi-device cases are exported over a mesh of (virtual) CPU devices; XLA reads the
+    # flag when jax first initialises its backend.
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
     if args.protocol is not None and args.protocol != PROTOCOL_VERSION:
         sys.stderr.write(
             f"protocol mismatch: the grpo_jax exporter in {sys.executable} speaks protocol "

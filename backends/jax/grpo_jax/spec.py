@@ -21,6 +21,7 @@ IS_LEVELS = ("token", "sequence")
 LOGITS_DTYPES = ("f32", "input")
 PLATFORMS = ("cpu", "tpu", "cuda")
 INPUT_DTYPES = ("f32", "bf16", "f16")
+SHARDINGS = ("batch", "vocab")
 
 # Dtype names used in requests and manifests.
 DTYPES = {
@@ -184,7 +185,8 @@ def normalize_request(req: Any) -> dict:
     """
     if not isinstance(req, dict):
         raise RequestError("request must be a JSON object")
-    known = {"impl", "level", "b", "t", "v", "h", "dtype", "knobs", "impl_options", "platform"}
+    known = {"impl", "level", "b", "t", "v", "h", "dtype", "knobs", "impl_options", "platform",
+             "devices", "sharding"}
     unknown = sorted(set(req) - known)
     if unknown:
         raise RequestError(f"unknown request fields: {unknown}")
@@ -206,8 +208,20 @@ def normalize_request(req: Any) -> dict:
     if not isinstance(options, dict):
         raise RequestError("impl_options must be an object")
     knobs = Knobs.from_json(req.get("knobs"))
-    return {"impl": impl, "level": level, "b": b, "t": t, "v": v, "h": h, "dtype": dtype,
-            "knobs": knobs.to_json(), "impl_options": dict(options), "platform": platform}
+    devices = req.get("devices", 1)
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise RequestError(f"devices must be a positive integer, got {devices!r}")
+    sharding = req.get("sharding")
+    if devices > 1 and sharding not in SHARDINGS:
+        raise RequestError(f"sharding must be one of {list(SHARDINGS)} with devices > 1, "
+                           f"got {sharding!r}")
+    if devices == 1:
+        sharding = None
+    out = {"impl": impl, "level": level, "b": b, "t": t, "v": v, "h": h, "dtype": dtype,
+           "knobs": knobs.to_json(), "impl_options": dict(options), "platform": platform}
+    if devices > 1:  # absent for one device: single-device cache keys stay as they were
+        out.update(devices=devices, sharding=sharding)
+    return out
 
 
 def problem_of(norm: dict) -> Problem:

@@ -102,6 +102,10 @@ pub struct TensorSpec {
     pub shape: Vec<usize>,
     /// `f32`, `bf16`, `f16`, `i32` or `pred`.
     pub dtype: String,
+    /// Multi-device modules: the axis split evenly over the devices in device order (None:
+    /// every device holds the whole array).
+    #[serde(default)]
+    pub shard_axis: Option<usize>,
 }
 
 /// The manifest written next to each exported module.
@@ -120,10 +124,17 @@ pub struct Manifest {
     pub inputs: Vec<TensorSpec>,
     /// Module results in order.
     pub outputs: Vec<TensorSpec>,
+    /// Devices (partitions) the module is compiled for (1 when absent).
+    #[serde(default = "one")]
+    pub num_partitions: usize,
     /// SPEC outputs the implementation does not produce (e.g. `entropy` of an adapted
     /// partial kernel): placeholders in the module, dropped and never gated.
     #[serde(default)]
     pub not_provided: Vec<String>,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// What the exporter said about one (implementation, case).
@@ -156,6 +167,10 @@ struct Request<'a> {
     knobs: &'a crate::spec::Knobs,
     impl_options: &'a serde_json::Map<String, serde_json::Value>,
     platform: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    devices: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sharding: Option<crate::cases::Sharding>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -196,6 +211,8 @@ pub fn export_batch(
             knobs: &c.knobs,
             impl_options: opts,
             platform,
+            devices: (c.devices > 1).then_some(c.devices),
+            sharding: c.sharding.filter(|_| c.devices > 1),
         };
         lines.push_str(&serde_json::to_string(&req)?);
         lines.push('\n');
@@ -501,6 +518,7 @@ mod tests {
             inputs: vec![],
             outputs: vec![],
             not_provided: vec![],
+            num_partitions: 1,
         }
     }
 

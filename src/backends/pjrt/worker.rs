@@ -4,7 +4,7 @@
 use super::export::Manifest;
 use crate::backends::{Memory, Timing};
 use anyhow::{anyhow, bail, Context, Result};
-use grpo_pjrt::{Client, ClientOptions, CompileOptions, ElementType, LoadedExecutable, Plugin, Program};
+use grpo_pjrt::{Client, ClientOptions, CompileOptions, DeviceAssignment, ElementType, LoadedExecutable, Plugin, Program};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Sender};
@@ -123,8 +123,74 @@ impl Worker {
     }
 }
 
+/// Compile options of a module: one device, or SPMD over `ids` (Shardy: jax exports
+/// multi-device modules with `sdy` ops, "lowered targeting Shardy" otherwise).
+pub fn compile_options(num_partitions: usize, ids: &[i64]) -> Result<CompileOptions> {
+    if num_partitions <= 1 {
+        return Ok(CompileOptions::default());
+    }
+    Ok(CompileOptions {
+        num_partitions: num_partitions as i64,
+        use_spmd_partitioning: true,
+        use_shardy_partitioner: true,
+        device_assignment: Some(DeviceAssignment::new(vec![ids[..num_partitions].to_vec()])?),
+        ..Default::default()
+    })
+}
+
+fn itemsize(dtype: &str) -> Result<usize> {
+    Ok(match dtype {
+        "f32" | "i32" => 4,
+        "bf16" | "f16" => 2,
+        "pred" => 1,
+        other => bail!("unsupported dtype `{other}` in manifest"),
+    })
+}
+
+/// Part `d` of `n` of a row-major array split evenly along `axis`: (dims, bytes).
+pub fn shard_bytes(dims: &[i64], bytes: &[u8], item: usize, axis: usize, n: usize, d: usize) -> Result<(Vec<i64>, Vec<u8>)> {
+    let size = dims[axis] as usize;
+    if size % n != 0 {
+        bail!("axis {axis} of {dims:?} does not split evenly over {n} devices");
+    }
+    let part = size / n;
+    let outer: usize = dims[..axis].iter().map(|&x| x as usize).product();
+    let inner: usize = dims[axis + 1..].iter().map(|&x| x as usize).product::<usize>() * item;
+    let mut out = Vec::with_capacity(outer * part * inner);
+    for o in 0..outer {
+        let start = (o * size + d * part) * inner;
+        out.extend_from_slice(&bytes[start..start + part * inner]);
+    }
+    let mut sd = dims.to_vec();
+    sd[axis] = part as i64;
+    Ok((sd, out))
+}
+
+/// The inverse of [`shard_bytes`]: the parts (device order) joined along `axis`.
+pub fn join_shards(parts: &[Vec<u8>], part_dims: &[i64], item: usize, axis: usize) -> Vec<u8> {
+    let part = part_dims[axis] as usize;
+    let outer: usize = part_dims[..axis].iter().map(|&x| x as usize).product();
+    let inner: usize = part_dims[axis + 1..].iter().map(|&x| x as usize).product::<usize>() * item;
+    let mut out = Vec::with_capacity(parts.len() * outer * part * inner);
+    for o in 0..outer {
+        for p in parts {
+            out.extend_from_slice(&p[o * part * inner..(o + 1) * part * inner]);
+        }
+    }
+    out
+}
+
 fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: &Job, platform_label: &str) -> Result<JobResult> {
     let m = &job.manifest;
+    let n = m.num_partitions.max(1);
+    let devices = client.addressable_devices()?;
+    if devices.len() < n {
+        bail!(
+            "the module is partitioned over {n} devices but the PJRT client has {} (raise the backend's cpu_device_count to {n})",
+            devices.len()
+        );
+    }
+    let ids: Vec<i64> = devices.iter().map(|d| d.id().map(i64::from)).collect::<std::result::Result<_, _>>()?;
     let mut timing = Timing::default();
     if !cache.contains_key(&m.key) {
         if cache.len() >= 16 {
@@ -133,40 +199,59 @@ fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: 
         let code = std::fs::read(&job.module).with_context(|| format!("cannot read {}", job.module.display()))?;
         let t0 = Instant::now();
         let exe = client
-            .compile(&Program::mlir_bytecode(code), &CompileOptions::default())
+            .compile(&Program::mlir_bytecode(code), &compile_options(n, &ids)?)
             .map_err(|e| anyhow!("compile of {}: {e}", job.module.display()))?;
         timing.compile_s = Some(t0.elapsed().as_secs_f64());
         cache.insert(m.key.clone(), exe);
     }
     let exe = &cache[&m.key];
-    let device = client.addressable_devices()?.into_iter().next().context("the client has no device")?;
-    let mut bufs = Vec::with_capacity(job.args.len());
-    for a in &job.args {
-        bufs.push(client.buffer_from_bytes(element_type(&a.dtype)?, &a.bytes, &a.dims, &device)?);
+    // Per device: its shard of each sharded argument, the whole of the others.
+    let mut bufs: Vec<Vec<grpo_pjrt::Buffer>> = Vec::with_capacity(n);
+    for (d, device) in devices.iter().take(n).enumerate() {
+        let mut row = Vec::with_capacity(job.args.len());
+        for (a, spec) in job.args.iter().zip(&m.inputs) {
+            let et = element_type(&a.dtype)?;
+            match spec.shard_axis.filter(|_| n > 1) {
+                None => row.push(client.buffer_from_bytes(et, &a.bytes, &a.dims, device)?),
+                Some(axis) => {
+                    let (dims, bytes) = shard_bytes(&a.dims, &a.bytes, itemsize(&a.dtype)?, axis, n, d)?;
+                    row.push(client.buffer_from_bytes(et, &bytes, &dims, device)?);
+                }
+            }
+        }
+        bufs.push(row);
     }
-    let refs: Vec<&grpo_pjrt::Buffer> = bufs.iter().collect();
+    let refs: Vec<Vec<&grpo_pjrt::Buffer>> = bufs.iter().map(|r| r.iter().collect()).collect();
+    let lists: Vec<&[&grpo_pjrt::Buffer]> = refs.iter().map(Vec::as_slice).collect();
     for _ in 0..job.warmup {
-        exe.execute(&[refs.as_slice()])?;
+        exe.execute(&lists)?;
     }
     let mut last = None;
     for _ in 0..job.repeats.max(1) {
         let t0 = Instant::now();
-        let outs = exe.execute(&[refs.as_slice()])?; // waits for completion events
+        let outs = exe.execute(&lists)?; // waits for completion events
         timing.runs_s.push(t0.elapsed().as_secs_f64());
         last = Some(outs);
     }
     if job.repeats == 0 {
         timing.runs_s.clear();
     }
-    let outs = last.unwrap().into_iter().next().context("no outputs for device 0")?;
-    if outs.len() != m.outputs.len() {
-        bail!("module returned {} outputs, manifest lists {}", outs.len(), m.outputs.len());
+    let per_device = last.unwrap();
+    let first = per_device.first().context("no outputs for device 0")?;
+    if first.len() != m.outputs.len() {
+        bail!("module returned {} outputs, manifest lists {}", first.len(), m.outputs.len());
     }
-    let outputs = outs
-        .iter()
-        .zip(&m.outputs)
-        .map(|(b, spec)| widen(&spec.dtype, &b.to_host_bytes()?))
-        .collect::<Result<Vec<_>>>()?;
+    let mut outputs = Vec::with_capacity(m.outputs.len());
+    for (j, spec) in m.outputs.iter().enumerate() {
+        let bytes = match spec.shard_axis.filter(|_| n > 1) {
+            None => first[j].to_host_bytes()?,
+            Some(axis) => {
+                let parts = per_device.iter().map(|outs| outs[j].to_host_bytes()).collect::<std::result::Result<Vec<_>, _>>()?;
+                join_shards(&parts, &first[j].dims()?, itemsize(&spec.dtype)?, axis)
+            }
+        };
+        outputs.push(widen(&spec.dtype, &bytes)?);
+    }
     let memory = memory_of(exe.executable(), platform_label);
     let cost = cost_of(exe.executable());
     Ok(JobResult { outputs, timing, memory, cost })
@@ -198,4 +283,27 @@ pub fn cost_of(exe: &grpo_pjrt::Executable) -> Option<std::collections::BTreeMap
             .filter_map(|k| c.get_f64(k).map(|v| (k.to_string(), v)))
             .collect()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_split_and_join_back_along_any_axis() {
+        let dims = [2i64, 3, 8];
+        let bytes: Vec<u8> = (0..48u8).collect();
+        for axis in [0usize, 2] {
+            let n = dims[axis] as usize;
+            let n = if n % 4 == 0 { 4 } else { 2 };
+            let parts: Vec<(Vec<i64>, Vec<u8>)> = (0..n).map(|d| shard_bytes(&dims, &bytes, 1, axis, n, d).unwrap()).collect();
+            assert_eq!(parts[0].0[axis], dims[axis] / n as i64);
+            let joined = join_shards(&parts.iter().map(|p| p.1.clone()).collect::<Vec<_>>(), &parts[0].0, 1, axis);
+            assert_eq!(joined, bytes, "axis {axis}");
+        }
+        // Element [1, 2, 5] of the last-axis split into 4: shard 2 (columns 4..6), column 1.
+        let (_, p) = shard_bytes(&dims, &bytes, 1, 2, 4, 2).unwrap();
+        assert_eq!(p[(3 + 2) * 2 + 1], (8 + 2 * 8 + 5) as u8 + 16);
+        assert!(shard_bytes(&dims, &bytes, 1, 1, 2, 0).is_err(), "3 rows do not split in 2");
+    }
 }
