@@ -220,10 +220,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Generates inputs and evaluates the oracle.
+    /// Generates inputs and evaluates the oracle (from the forward statistics generation
+    /// computed anyway: one forward pass per case, not two).
     pub fn new(case: &Case) -> Prepared {
-        let inputs = Inputs::generate(case);
-        let oracle = Oracle::new(case, &inputs);
+        let (inputs, stats) = Inputs::generate_with_stats(case);
+        let oracle = Oracle::with_stats(case, &inputs, stats);
         Prepared { inputs, oracle }
     }
 }

@@ -108,12 +108,25 @@ impl Inputs {
     /// Generates every input of `case`. Uses the oracle's forward pass to place old_logp
     /// and ref_logp relative to the true logp (so ratios sit where the profile wants them).
     pub fn generate(case: &Case) -> Inputs {
-        Self::generate_with(case, NormalPath::Fast).0
+        Self::build(case, NormalPath::Fast).0
+    }
+
+    /// [`Inputs::generate`], and the forward statistics of the inputs it computed on the
+    /// way: equal to `oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK)`, so
+    /// `Oracle::with_stats` can use them instead of a second forward pass.
+    pub fn generate_with_stats(case: &Case) -> (Inputs, oracle::TokenStats) {
+        let (inputs, stats, _) = Self::build(case, NormalPath::Fast);
+        (inputs, stats)
     }
 
     /// [`Inputs::generate`] with the normal deviates of the differentiable input computed
     /// by `path` (the same bits either way), and what it took.
     pub fn generate_with(case: &Case, path: NormalPath) -> (Inputs, GenerationCounts) {
+        let (inputs, _, counts) = Self::build(case, path);
+        (inputs, counts)
+    }
+
+    fn build(case: &Case, path: NormalPath) -> (Inputs, oracle::TokenStats, GenerationCounts) {
         let s = case.shape;
         let rows = s.rows();
         let id = case.id.as_str();
@@ -277,7 +290,7 @@ impl Inputs {
                 }
             }
         }
-        (inputs, counts)
+        (inputs, stats, counts)
     }
 
     /// Every input as a named tensor, in SPEC order (level-dependent).
@@ -377,4 +390,19 @@ mod tests {
         // The fallback ran (about 2·10⁻⁵ of the elements), so it was exercised above.
         assert!(normals > 80_000_000 && fallbacks > 100 && fallbacks < normals / 10_000, "{normals} {fallbacks}");
     }
+
+    /// The statistics `generate_with_stats` hands on (to `Prepared`, instead of a second
+    /// forward pass) are the oracle's forward pass on the finished inputs, bit for bit.
+    #[test]
+    fn generation_stats_are_the_oracle_forward() {
+        for fixed in ["b: 2, t: 16, v: 3000, mask: random_hostile, profile: spike", "level: fused, b: 2, t: 8, h: 32, v: 2049, dtype: bf16"] {
+            let c = parse_fixed(fixed).unwrap();
+            let (x, st) = Inputs::generate_with_stats(&c);
+            let want = oracle::forward(&c, &x, oracle::DEFAULT_CHUNK);
+            for (a, b) in [(&st.lse, &want.lse), (&st.logp, &want.logp), (&st.entropy, &want.entropy), (&st.abs_max, &want.abs_max)] {
+                assert!(a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()) && a.len() == b.len(), "{}", c.id);
+            }
+        }
+    }
 }
+
