@@ -74,8 +74,11 @@ fn madd<const FMA: bool>(a: f64, b: f64, c: f64) -> f64 {
 /// ln u for u in [2⁻⁵⁴, 1): relative error < 3.5·10⁻¹⁴ + 8u (module docs).
 #[inline(always)]
 fn ln_unit<const FMA: bool>(u: f64) -> f64 {
-    // fdlibm's split of ln 2: LN2_HI has 32 trailing zero bits, so e·LN2_HI is exact.
+    // fdlibm's split of ln 2 (quoted as fdlibm prints it): LN2_HI has 32 trailing zero
+    // bits, so e·LN2_HI is exact.
+    #[allow(clippy::excessive_precision)]
     const LN2_HI: f64 = 6.93147180369123816490e-01;
+    #[allow(clippy::excessive_precision)]
     const LN2_LO: f64 = 1.90821492927058770002e-10;
     let b = u.to_bits();
     let e = ((b >> 52) as i64) - 1023;
@@ -103,7 +106,9 @@ fn ln_unit<const FMA: bool>(u: f64) -> f64 {
 #[inline(always)]
 fn cos_turn<const FMA: bool>(t: f64) -> f64 {
     // π/2 as fdlibm's pio2_1 (33 bits, so 3·H1 is exact) and pio2_1t; 3π/2 from them.
+    #[allow(clippy::excessive_precision)]
     const H1: f64 = 1.57079632673412561417e+00;
+    #[allow(clippy::excessive_precision)]
     const L1: f64 = 6.07710050650619224932e-11;
     const H3: f64 = 3.0 * H1;
     const L3: f64 = 3.0 * L1;
@@ -323,7 +328,8 @@ mod tests {
         let st = Stream::new("fill", "x");
         let sg = Stream::new("fill", "sign");
         let n = 1 << 20;
-        let maps: [(&str, Box<dyn Fn(f64, u64) -> f32>); 5] = [
+        type Map<'a> = Box<dyn Fn(f64, u64) -> f32 + 'a>;
+        let maps: [(&str, Map); 5] = [
             ("x", Box::new(|x, _| x as f32)),
             ("0.01x", Box::new(|x, _| (0.01 * x) as f32)),
             ("-3x", Box::new(|x, _| (-3.0 * x) as f32)),
