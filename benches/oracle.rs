@@ -6,10 +6,10 @@
 //!
 //! Knobs (environment):
 //! - `GRPO_BENCH_SHAPE`  BxTxV (default 1x8192x151936)
-//! - `GRPO_BENCH_RUNS`   timed oracle runs, the median is reported (default 3)
+//! - `GRPO_BENCH_RUNS`   timed oracle runs and generation runs, medians reported (default 3)
 //! - `GRPO_BENCH_COPIES` timed memory copies per mode, median reported (default 5)
 //! - `GRPO_BENCH_EXACT`  1: also time one generation with every deviate on the scalar
-//!   path (`NormalPath::Exact`, the generator as it was; 30× slower) and check its bits
+//!   path (`NormalPath::Exact`, the generator as it was: 7–10× slower here) and check its bits
 //!
 //! What is timed, each run (B·T·V f32 dlogits into one [B,T,V] buffer):
 //!
@@ -39,7 +39,8 @@
 //! compared with the fused fwd+bwd median: "generate / oracle" (goal ≤ 1). Its parts, each
 //! measured on its own: the normal deviates (`fast_normal::fill` into the pre-touched
 //! dlogits buffer, the map `generate` uses), the forward pass that places old_logp and
-//! ref_logp (the two-pass "fwd" below: the same `oracle::forward`), and the page faults of
+//! ref_logp (the two-pass "fwd" below: the same `oracle::forward`; a prepared case hands
+//! these statistics on to its oracle, which no longer repeats the pass), and the page faults of
 //! a fresh B·T·V f32 buffer (the first touch of the dlogits buffer, timed: generation pays
 //! it for its logits; the oracle figure does not, its buffer is touched before timing).
 //! The dlogits buffer is allocated and touched once before the oracle is timed, so page
