@@ -6,6 +6,7 @@
 
 pub mod fast_normal;
 pub mod rng;
+pub mod round;
 mod tensors;
 
 pub use tensors::{HostData, NamedTensor};
@@ -74,11 +75,13 @@ pub struct GenerationCounts {
     pub fallbacks: u64,
 }
 
-/// `out[i] = map(stream.normal(i), i)` in parallel chunks; returns the fallback count.
+/// `out[i] = dt.round(map(stream.normal(i), i))` in parallel chunks; returns the fallback
+/// count. (The rounding is part of the map the fast path checks, [`round`] on that path.)
 fn fill_normals_par(
     out: &mut [f32],
     stream: &Stream,
     path: NormalPath,
+    dt: DType,
     map: impl Fn(f64, u64) -> f32 + Sync,
 ) -> u64 {
     const CHUNK: usize = 1 << 16;
@@ -86,22 +89,17 @@ fn fill_normals_par(
         .enumerate()
         .map(|(c, chunk)| {
             let start = (c * CHUNK) as u64;
-            match path {
-                NormalPath::Fast => fast_normal::fill(stream, start, chunk, &map) as u64,
-                NormalPath::Exact => {
-                    fast_normal::fill_exact(stream, start, chunk, &map);
+            (match (path, dt) {
+                (NormalPath::Fast, DType::F32) => fast_normal::fill(stream, start, chunk, &map),
+                (NormalPath::Fast, DType::Bf16) => fast_normal::fill(stream, start, chunk, |x, i| round::bf16(map(x, i))),
+                (NormalPath::Fast, DType::F16) => fast_normal::fill(stream, start, chunk, |x, i| round::f16(map(x, i))),
+                (NormalPath::Exact, _) => {
+                    fast_normal::fill_exact(stream, start, chunk, |x, i| dt.round(map(x, i)));
                     0
                 }
-            }
+            }) as u64
         })
         .sum()
-}
-
-/// Rounds every element to `dt` (a no-op for f32).
-fn round_par(out: &mut [f32], dt: DType) {
-    if dt != DType::F32 {
-        out.par_chunks_mut(1 << 16).for_each(|c| c.iter_mut().for_each(|x| *x = dt.round(*x)));
-    }
 }
 
 impl Inputs {
@@ -148,8 +146,9 @@ impl Inputs {
             DataProfile::Large => 30.0,
             _ => 1.0,
         };
-        // Each element is a monotone map of its deviate (what `fast_normal::fill` needs);
-        // the spike and the dtype rounding follow on the f32, as they always did.
+        // Each element is a monotone map of its deviate, dtype rounding included (what
+        // `fast_normal::fill` needs); the spike is added to the chosen logit's f32 before
+        // its rounding, as it always was.
         let mut counts = GenerationCounts::default();
         match case.level {
             Level::Logits => {
@@ -160,34 +159,33 @@ impl Inputs {
                     DataProfile::Zeros => 0,
                     DataProfile::Large => {
                         counts.normals = logits.len() as u64;
-                        fill_normals_par(&mut logits, &st, path, |x, i| {
+                        fill_normals_par(&mut logits, &st, path, dt, |x, i| {
                             let sign = if sg.bits(i) & 1 == 0 { 1.0 } else { -1.0 };
                             (sign * 30.0 + x) as f32
                         })
                     }
                     _ => {
                         counts.normals = logits.len() as u64;
-                        fill_normals_par(&mut logits, &st, path, |x, _| (sigma * x) as f32)
+                        fill_normals_par(&mut logits, &st, path, dt, |x, _| (sigma * x) as f32)
                     }
                 };
                 if case.profile == DataProfile::Spike {
+                    // The chosen logit: +SPIKE on the f32, then the dtype rounding.
                     for (r, &y) in chosen_ids.iter().enumerate() {
-                        logits[r * s.v + y as usize] += SPIKE;
+                        let i = r * s.v + y as usize;
+                        logits[i] = dt.round((sigma * st.normal(i as u64)) as f32 + SPIKE);
                     }
                 }
-                round_par(&mut logits, dt);
             }
             Level::Fused => {
                 let h = s.h.expect("validated: fused has h");
                 hidden = vec![0f32; rows * h];
                 let sh = Stream::new(id, "hidden");
-                counts.fallbacks += fill_normals_par(&mut hidden, &sh, path, |x, _| x as f32);
-                round_par(&mut hidden, dt);
+                counts.fallbacks += fill_normals_par(&mut hidden, &sh, path, dt, |x, _| x as f32);
                 lm_head = vec![0f32; h * s.v];
                 let sw = Stream::new(id, "lm_head");
                 let scale = sigma / (h as f64).sqrt();
-                counts.fallbacks += fill_normals_par(&mut lm_head, &sw, path, |x, _| (scale * x) as f32);
-                round_par(&mut lm_head, dt);
+                counts.fallbacks += fill_normals_par(&mut lm_head, &sw, path, dt, |x, _| (scale * x) as f32);
                 counts.normals = (hidden.len() + lm_head.len()) as u64;
             }
         }
@@ -405,4 +403,3 @@ mod tests {
         }
     }
 }
-
