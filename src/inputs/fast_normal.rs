@@ -368,4 +368,36 @@ mod tests {
         assert_eq!(fallbacks, 1);
         eprintln!("element {i}: fast {x:.17e} -> {:e}, exact {exact:.17e} -> {:e}", x as f32, exact as f32);
     }
+
+    /// Each compiled copy of the kernel (portable with and without fused multiply-adds,
+    /// AVX2, AVX-512 where the CPU has them) gives the scalar path's bits.
+    #[test]
+    fn every_kernel_copy_equals_the_scalar_path() {
+        let st = Stream::new("copies", "x");
+        let map = |x: f64, _| (0.5 * x) as f32;
+        let n = 1 << 18;
+        let mut want = vec![0f32; n];
+        fill_exact(&st, 7, &mut want, map);
+        let mut got = vec![0f32; n];
+        fill_impl::<_, false>(st.key(), &st, 7, &mut got, &map);
+        assert_eq!(got, want, "portable, no FMA");
+        fill_impl::<_, true>(st.key(), &st, 7, &mut got, &map);
+        assert_eq!(got, want, "portable, FMA");
+        #[cfg(target_arch = "x86_64")]
+        {
+            if simd::avx2() {
+                got.fill(0.0);
+                // SAFETY: the CPU has the features.
+                unsafe { simd::fill_avx2(st.key(), &st, 7, &mut got, &map) };
+                assert_eq!(got, want, "avx2");
+            }
+            if simd::avx512() {
+                got.fill(0.0);
+                // SAFETY: as above.
+                unsafe { simd::fill_avx512(st.key(), &st, 7, &mut got, &map) };
+                assert_eq!(got, want, "avx512");
+            }
+        }
+    }
 }
+

@@ -465,6 +465,49 @@ mod tests {
         }
     }
 
+    /// Each compiled copy of the kernels (portable, AVX2, AVX-512 where the CPU has
+    /// them) gives the same bits.
+    #[test]
+    fn every_kernel_copy_gives_the_same_bits() {
+        for (c, x) in cases() {
+            let (h, v) = (c.shape.h.unwrap(), c.shape.v);
+            let n = c.shape.rows().min(BLOCK);
+            let mut want = vec![0f64; n * v];
+            logits_rows_impl(&c, &x, 0, &mut want);
+            let d: Vec<f64> = want.iter().map(|z| z.sin()).collect();
+            let mut dlm_want = vec![0.25f64; KT.min(h) * v];
+            dlm_head_rows_impl(&x, h, v, 0, 0, &d, &mut dlm_want);
+            let mut dt = vec![0f64; v * BLOCK];
+            for j in 0..v {
+                for i in 0..n {
+                    dt[j * BLOCK + i] = d[i * v + j];
+                }
+            }
+            let mut dh_want = vec![-0.0f64; KT.min(h) * BLOCK];
+            dhidden_cols_impl(&x, v, 0, &dt, &mut dh_want);
+            #[cfg(target_arch = "x86_64")]
+            for wide in [simd::avx2(), simd::avx512()].into_iter().enumerate().filter(|w| w.1).map(|w| w.0) {
+                let mut z = vec![1f64; n * v];
+                let mut dlm = vec![0.25f64; KT.min(h) * v];
+                let mut dh = vec![-0.0f64; KT.min(h) * BLOCK];
+                // SAFETY: the CPU has the features (checked above).
+                unsafe {
+                    if wide == 0 {
+                        simd::logits_rows_avx2(&c, &x, 0, &mut z);
+                        simd::dlm_head_rows_avx2(&x, h, v, 0, 0, &d, &mut dlm);
+                        simd::dhidden_cols_avx2(&x, v, 0, &dt, &mut dh);
+                    } else {
+                        simd::logits_rows_avx512(&c, &x, 0, &mut z);
+                        simd::dlm_head_rows_avx512(&x, h, v, 0, 0, &d, &mut dlm);
+                        simd::dhidden_cols_avx512(&x, v, 0, &dt, &mut dh);
+                    }
+                }
+                let bits = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(bits(&z, &want) && bits(&dlm, &dlm_want) && bits(&dh, &dh_want), "{} copy {wide}", c.id);
+            }
+        }
+    }
+
     #[test]
     fn blocked_grads_match_the_row_at_a_time_code() {
         for (c, x) in cases() {
