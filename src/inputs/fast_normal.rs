@@ -8,7 +8,7 @@
 //! vectorises), an approximation x̃ and a radius ρ with |x̃ − x| < ρ, where x is
 //! what [`Stream::normal`] returns, maps both ends of [x̃ − ρ, x̃ + ρ] and keeps the result
 //! when both ends give the same f32 bits. Otherwise (an element within ρ of an f32 rounding
-//! boundary: about 3 in 10⁵ elements) it calls [`Stream::normal`] and maps that.
+//! boundary: about 2 in 10⁵ elements for an f32 map) it calls [`Stream::normal`] and maps that.
 //! By monotonicity, the kept value is then the map of x itself: the output is bit-for-bit
 //! the scalar path's, whatever the map.
 //!
