@@ -6,8 +6,10 @@
 //!
 //! Knobs (environment):
 //! - `GRPO_BENCH_SHAPE`  BxTxV (default 1x8192x151936)
-//! - `GRPO_BENCH_RUNS`   timed oracle runs, the median is reported (default 3)
+//! - `GRPO_BENCH_RUNS`   timed oracle runs and generation runs, medians reported (default 3)
 //! - `GRPO_BENCH_COPIES` timed memory copies per mode, median reported (default 5)
+//! - `GRPO_BENCH_EXACT`  1: also time one generation with every deviate on the scalar
+//!   path (`NormalPath::Exact`, the generator as it was: 7–10× slower here) and check its bits
 //!
 //! What is timed, each run (B·T·V f32 dlogits into one [B,T,V] buffer):
 //!
@@ -32,12 +34,20 @@
 //! printed too). For the fused path the bytes are the same as a copy's, so the ratio is
 //! simply oracle time / copy time.
 //!
-//! Input generation (`Inputs::generate`) is timed and reported separately; it is not part
-//! of the oracle figure. The dlogits buffer is allocated and touched once before timing,
-//! so page faults are not timed (a steady-state figure).
+//! Input generation (`Inputs::generate`, what a prepared case pays before the oracle runs)
+//! is timed separately, N runs (one set of inputs held at a time), median reported, and
+//! compared with the fused fwd+bwd median: "generate / oracle" (goal ≤ 1). Its parts, each
+//! measured on its own: the normal deviates (`fast_normal::fill` into the pre-touched
+//! dlogits buffer, the map `generate` uses), the forward pass that places old_logp and
+//! ref_logp (the two-pass "fwd" below: the same `oracle::forward`; a prepared case hands
+//! these statistics on to its oracle, which no longer repeats the pass), and the page faults of
+//! a fresh B·T·V f32 buffer (the first touch of the dlogits buffer, timed: generation pays
+//! it for its logits; the oracle figure does not, its buffer is touched before timing).
+//! The dlogits buffer is allocated and touched once before the oracle is timed, so page
+//! faults are not part of the oracle figure (a steady-state figure).
 
 use grpo_conformance::cases::{load_file, Case};
-use grpo_conformance::inputs::Inputs;
+use grpo_conformance::inputs::{fast_normal, rng::Stream, Inputs, NormalPath};
 use grpo_conformance::oracle::{self, Oracle, DEFAULT_CHUNK};
 use grpo_conformance::spec::DType;
 use rayon::prelude::*;
@@ -162,19 +172,65 @@ fn main() {
     let case = make_case(b, t, v);
     println!("case:    {}", case.id);
 
-    let t0 = Instant::now();
-    let inputs = Inputs::generate(&case);
-    let gen_s = t0.elapsed().as_secs_f64();
+    // Input generation, N runs, one set of inputs held at a time.
+    let gen_runs = runs;
+    let mut gen = Vec::new();
+    let mut inputs = Inputs::default();
+    for _ in 0..gen_runs {
+        drop(std::mem::take(&mut inputs));
+        let t0 = Instant::now();
+        inputs = Inputs::generate(&case);
+        gen.push(t0.elapsed().as_secs_f64());
+    }
+    let gen_m = median(&gen);
     let n = b * t * v;
     let buf_bytes = 4.0 * n as f64;
     println!(
-        "inputs:  Inputs::generate {gen_s:.3} s  (logits {:.2} GB; not part of the oracle figure)",
+        "inputs:  Inputs::generate N={gen_runs} runs, median {gen_m:.3} s   (runs: {}; logits {:.2} GB)",
+        fmt_runs(&gen),
         buf_bytes / 1e9
     );
+    if std::env::var("GRPO_BENCH_EXACT").is_ok_and(|s| s == "1") {
+        let t0 = Instant::now();
+        let (exact, _) = Inputs::generate_with(&case, NormalPath::Exact);
+        let ex_s = t0.elapsed().as_secs_f64();
+        let same = exact.tensors(&case).iter().zip(inputs.tensors(&case)).all(|(a, b)| a.digest() == b.digest());
+        println!(
+            "         exact scalar path (NormalPath::Exact, as before): {ex_s:.3} s, {:.1}x the fast path; bits {}",
+            ex_s / gen_m,
+            if same { "identical" } else { "DIFFER" }
+        );
+    }
 
-    // dlogits buffer, touched once so page faults are not timed.
+    // dlogits buffer, touched once so page faults are not timed (but measured: a fresh
+    // buffer of the logits' size, what generation pays).
+    let t0 = Instant::now();
     let mut dlogits = vec![0f32; n];
     dlogits.par_chunks_mut(1 << 20).for_each(|c| c.fill(1.0));
+    let fault_s = t0.elapsed().as_secs_f64();
+
+    // The deviates alone, into the touched buffer, as `generate` maps them (normal1: x as f32).
+    let st = Stream::new(&case.id, "logits");
+    let mut dev = Vec::new();
+    let mut fallbacks = 0;
+    for _ in 0..gen_runs {
+        let t0 = Instant::now();
+        fallbacks = dlogits
+            .par_chunks_mut(1 << 16)
+            .enumerate()
+            .map(|(c, out)| fast_normal::fill(&st, (c << 16) as u64, out, |x, _| (1.0 * x) as f32))
+            .sum::<usize>();
+        dev.push(t0.elapsed().as_secs_f64());
+    }
+    let same = dlogits.iter().zip(&inputs.logits).all(|(a, b)| a.to_bits() == b.to_bits());
+    println!(
+        "         parts: deviates median {:.3} s ({:.2} ns/element on {threads} threads, {fallbacks} exact fallbacks, {}), \
+         page faults of a fresh {:.2} GB buffer {fault_s:.3} s, forward: the two-pass fwd below",
+        median(&dev),
+        median(&dev) / n as f64 * 1e9,
+        if same { "same bits as generate" } else { "DIFFER from generate" },
+        buf_bytes / 1e9
+    );
 
     // Memory copy rate, same buffers, counted as read + write.
     let copy_bytes = 2.0 * buf_bytes;
@@ -277,5 +333,17 @@ fn main() {
     println!(
         "         two-pass:      memcpy({threads} threads) / oracle = {r2:.2}x, memcpy(1 thread) / oracle = {r21:.2}x; target <= 3x ({threads} threads): {}",
         verdict(r2)
+    );
+    let fwd = median(&parts[0]);
+    println!(
+        "generate / oracle: Inputs::generate {gen_m:.3} s / fused fwd+bwd {fm:.3} s = {:.2}x; goal <= 1: {}",
+        gen_m / fm,
+        if gen_m <= fm { "MET" } else { "NOT MET" }
+    );
+    println!(
+        "         generate = deviates {:.3} + page faults {fault_s:.3} + forward {fwd:.3} + rest {:.3} s; without the page faults (the oracle figure has none): {:.2}x",
+        median(&dev),
+        gen_m - median(&dev) - fault_s - fwd,
+        (gen_m - fault_s) / fm
     );
 }

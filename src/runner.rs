@@ -220,10 +220,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Generates inputs and evaluates the oracle.
+    /// Generates inputs and evaluates the oracle (from the forward statistics generation
+    /// computed anyway: one forward pass per case, not two).
     pub fn new(case: &Case) -> Prepared {
-        let inputs = Inputs::generate(case);
-        let oracle = Oracle::new(case, &inputs);
+        let (inputs, stats) = Inputs::generate_with_stats(case);
+        let oracle = Oracle::with_stats(case, &inputs, stats);
         Prepared { inputs, oracle }
     }
 }
@@ -336,4 +337,28 @@ mod tests {
         assert!(Verdict::Pass.is_ok() && Verdict::Ignored("x".into()).is_ok() && Verdict::ExpectedFail("x".into()).is_ok());
         assert!(!Verdict::Fail.is_ok() && !Verdict::Error("x".into()).is_ok() && !Verdict::UnexpectedPass("x".into()).is_ok());
     }
+
+    /// A prepared fused case computes its f64 gradients once: the first gate evaluation
+    /// fills the oracle's cache, the second (another trial of the case) reads it.
+    #[test]
+    fn a_prepared_fused_case_computes_its_gradients_once() {
+        use crate::oracle::FUSED_GRADS_COMPUTED;
+        let case = crate::cases::parse_fixed("level: fused, b: 2, t: 8, h: 64, v: 2049").unwrap();
+        let p = Prepared::new(&case);
+        let outputs = crate::backends::reference::oracle_outputs(&case, &p.inputs);
+        assert!(p.oracle.fused_grads_cached().is_none());
+        let before = FUSED_GRADS_COMPUTED.with(|c| c.get());
+        let first = gates::judge(&case, &p.inputs, &p.oracle, &outputs);
+        let cached = p.oracle.fused_grads_cached().expect("computed by the first evaluation");
+        let (ptr, data) = (cached as *const _, cached.dlm_head.as_ptr());
+        let second = gates::judge(&case, &p.inputs, &p.oracle, &outputs);
+        assert_eq!(FUSED_GRADS_COMPUTED.with(|c| c.get()) - before, 1);
+        let again = p.oracle.fused_grads(&case, &p.inputs);
+        assert!(std::ptr::eq(ptr, again) && std::ptr::eq(data, again.dlm_head.as_ptr()));
+        for r in [&first, &second] {
+            assert!(r.iter().all(|g| g.passed), "{r:?}");
+            assert!(r.iter().any(|g| g.output == crate::spec::OutputName::DlmHead));
+        }
+    }
 }
+

@@ -154,7 +154,8 @@ impl Case {
             Level::Fused => {
                 let h = s.h.unwrap_or(0) as u64;
                 let elems = rows.checked_mul(h)?.checked_add(h.checked_mul(s.v as u64)?)?;
-                // The fused oracle also forms one f64 logits row per token at a time.
+                // The fused oracle also forms up to 64 f64 rows of V at a time (its gradients:
+                // a block of 32 logits rows and their 32 dlogits rows).
                 elems.checked_mul(4 + 8 + 4)?.checked_add((s.v as u64).checked_mul(8 * 64)?)?
             }
         };

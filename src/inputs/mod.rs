@@ -4,14 +4,16 @@
 //! in the case dtype (bf16/f16 rounding happens once, here), so the oracle and every
 //! backend see the same numbers.
 
+pub mod fast_normal;
 pub mod rng;
+pub mod round;
 mod tensors;
 
 pub use tensors::{HostData, NamedTensor};
 
 use crate::cases::{AdvPattern, Case, DataProfile, MaskPattern};
 use crate::oracle;
-use crate::spec::{IsLevel, Level};
+use crate::spec::{DType, IsLevel, Level};
 use rayon::prelude::*;
 use rng::Stream;
 
@@ -55,19 +57,74 @@ pub struct Inputs {
     pub mask: Vec<f32>,
 }
 
-fn fill_par(out: &mut [f32], f: impl Fn(usize) -> f32 + Sync) {
+/// How the differentiable input's normal deviates are computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormalPath {
+    /// [`fast_normal::fill`]: vectorised, with the scalar path where it cannot be sure.
+    Fast,
+    /// [`Stream::normal`] for every element (the definition; tests compare against it).
+    Exact,
+}
+
+/// What generating a case's inputs took (for tests and benchmarks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GenerationCounts {
+    /// Normal deviates generated for the differentiable input.
+    pub normals: u64,
+    /// How many of them took the exact scalar path on the fast path (0 on the exact path).
+    pub fallbacks: u64,
+}
+
+/// `out[i] = dt.round(map(stream.normal(i), i))` in parallel chunks; returns the fallback
+/// count. (The rounding is part of the map the fast path checks, [`round`] on that path.)
+fn fill_normals_par(
+    out: &mut [f32],
+    stream: &Stream,
+    path: NormalPath,
+    dt: DType,
+    map: impl Fn(f64, u64) -> f32 + Sync,
+) -> u64 {
     const CHUNK: usize = 1 << 16;
-    out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
-        for (j, x) in chunk.iter_mut().enumerate() {
-            *x = f(c * CHUNK + j);
-        }
-    });
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .map(|(c, chunk)| {
+            let start = (c * CHUNK) as u64;
+            (match (path, dt) {
+                (NormalPath::Fast, DType::F32) => fast_normal::fill(stream, start, chunk, &map),
+                (NormalPath::Fast, DType::Bf16) => fast_normal::fill(stream, start, chunk, |x, i| round::bf16(map(x, i))),
+                (NormalPath::Fast, DType::F16) => fast_normal::fill(stream, start, chunk, |x, i| round::f16(map(x, i))),
+                (NormalPath::Exact, _) => {
+                    fast_normal::fill_exact(stream, start, chunk, |x, i| dt.round(map(x, i)));
+                    0
+                }
+            }) as u64
+        })
+        .sum()
 }
 
 impl Inputs {
     /// Generates every input of `case`. Uses the oracle's forward pass to place old_logp
     /// and ref_logp relative to the true logp (so ratios sit where the profile wants them).
     pub fn generate(case: &Case) -> Inputs {
+        Self::build(case, NormalPath::Fast).0
+    }
+
+    /// [`Inputs::generate`], and the forward statistics of the inputs it computed on the
+    /// way: equal to `oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK)`, so
+    /// `Oracle::with_stats` can use them instead of a second forward pass.
+    pub fn generate_with_stats(case: &Case) -> (Inputs, oracle::TokenStats) {
+        let (inputs, stats, _) = Self::build(case, NormalPath::Fast);
+        (inputs, stats)
+    }
+
+    /// [`Inputs::generate`] with the normal deviates of the differentiable input computed
+    /// by `path` (the same bits either way), and what it took.
+    pub fn generate_with(case: &Case, path: NormalPath) -> (Inputs, GenerationCounts) {
+        let (inputs, _, counts) = Self::build(case, path);
+        (inputs, counts)
+    }
+
+    fn build(case: &Case, path: NormalPath) -> (Inputs, oracle::TokenStats, GenerationCounts) {
         let s = case.shape;
         let rows = s.rows();
         let id = case.data_id();
@@ -89,39 +146,47 @@ impl Inputs {
             DataProfile::Large => 30.0,
             _ => 1.0,
         };
+        // Each element is a monotone map of its deviate, dtype rounding included (what
+        // `fast_normal::fill` needs); the spike is added to the chosen logit's f32 before
+        // its rounding, as it always was.
+        let mut counts = GenerationCounts::default();
         match case.level {
             Level::Logits => {
                 logits = vec![0f32; rows * s.v];
                 let st = Stream::new(id, "logits");
                 let sg = Stream::new(id, "logits_sign");
-                let v = s.v;
-                let profile = case.profile;
-                let chosen = &chosen_ids;
-                fill_par(&mut logits, |i| {
-                    let x = match profile {
-                        DataProfile::Zeros => 0.0,
-                        DataProfile::Large => {
-                            let sign = if sg.bits(i as u64) & 1 == 0 { 1.0 } else { -1.0 };
-                            sign * 30.0 + st.normal(i as u64)
-                        }
-                        _ => sigma * st.normal(i as u64),
-                    };
-                    let mut x = x as f32;
-                    if profile == DataProfile::Spike && chosen[i / v] as usize == i % v {
-                        x += SPIKE;
+                counts.fallbacks = match case.profile {
+                    DataProfile::Zeros => 0,
+                    DataProfile::Large => {
+                        counts.normals = logits.len() as u64;
+                        fill_normals_par(&mut logits, &st, path, dt, |x, i| {
+                            let sign = if sg.bits(i) & 1 == 0 { 1.0 } else { -1.0 };
+                            (sign * 30.0 + x) as f32
+                        })
                     }
-                    dt.round(x)
-                });
+                    _ => {
+                        counts.normals = logits.len() as u64;
+                        fill_normals_par(&mut logits, &st, path, dt, |x, _| (sigma * x) as f32)
+                    }
+                };
+                if case.profile == DataProfile::Spike {
+                    // The chosen logit: +SPIKE on the f32, then the dtype rounding.
+                    for (r, &y) in chosen_ids.iter().enumerate() {
+                        let i = r * s.v + y as usize;
+                        logits[i] = dt.round((sigma * st.normal(i as u64)) as f32 + SPIKE);
+                    }
+                }
             }
             Level::Fused => {
                 let h = s.h.expect("validated: fused has h");
                 hidden = vec![0f32; rows * h];
                 let sh = Stream::new(id, "hidden");
-                fill_par(&mut hidden, |i| dt.round(sh.normal(i as u64) as f32));
+                counts.fallbacks += fill_normals_par(&mut hidden, &sh, path, dt, |x, _| x as f32);
                 lm_head = vec![0f32; h * s.v];
                 let sw = Stream::new(id, "lm_head");
                 let scale = sigma / (h as f64).sqrt();
-                fill_par(&mut lm_head, |i| dt.round((scale * sw.normal(i as u64)) as f32));
+                counts.fallbacks += fill_normals_par(&mut lm_head, &sw, path, dt, |x, _| (scale * x) as f32);
+                counts.normals = (hidden.len() + lm_head.len()) as u64;
             }
         }
 
@@ -223,7 +288,7 @@ impl Inputs {
                 }
             }
         }
-        inputs
+        (inputs, stats, counts)
     }
 
     /// Every input as a named tensor, in SPEC order (level-dependent).
@@ -288,6 +353,53 @@ mod tests {
             let y = x.chosen_ids[i] as usize;
             let rest = row.iter().enumerate().filter(|(j, _)| *j != y).map(|(_, v)| *v).fold(f32::MIN, f32::max);
             assert!(row[y] > rest + 30.0, "row {i}: chosen {} vs rest {rest}", row[y]);
+        }
+    }
+
+    /// The fast path gives the scalar path's bits for every element of every tensor, at
+    /// both levels, for every profile that draws deviates (and zeros), in each dtype:
+    /// 18 logits cases of 4.2M elements and 12 fused cases of 2.1M (88M deviates).
+    #[test]
+    fn fast_generation_has_the_exact_paths_bits() {
+        let mut cases = Vec::new();
+        for dtype in ["f32", "bf16", "f16"] {
+            for profile in ["normal1", "normal0.01", "normal5", "large", "zeros", "spike"] {
+                cases.push(format!("b: 2, t: 64, v: 32768, dtype: {dtype}, profile: {profile}, mask: random_hostile"));
+            }
+            for profile in ["normal1", "normal0.01", "large", "zeros"] {
+                cases.push(format!("level: fused, b: 2, t: 32, h: 64, v: 32768, dtype: {dtype}, profile: {profile}"));
+            }
+        }
+        let (mut normals, mut fallbacks) = (0, 0);
+        for fixed in cases {
+            let c = parse_fixed(&fixed).unwrap();
+            let (fast, n) = Inputs::generate_with(&c, NormalPath::Fast);
+            let (exact, e) = Inputs::generate_with(&c, NormalPath::Exact);
+            assert_eq!((n.normals, e.fallbacks), (e.normals, 0), "{}", c.id);
+            for (a, b) in fast.tensors(&c).iter().zip(exact.tensors(&c)) {
+                assert_eq!(a.to_le_bytes(), b.to_le_bytes(), "{}: {} differs", c.id, a.name);
+                if let (HostData::Float { values: x, .. }, HostData::Float { values: y, .. }) = (a.data, b.data) {
+                    assert!(x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits()), "{}: {}", c.id, a.name);
+                }
+            }
+            normals += n.normals;
+            fallbacks += n.fallbacks;
+        }
+        // The fallback ran (about 2·10⁻⁵ of the elements), so it was exercised above.
+        assert!(normals > 80_000_000 && fallbacks > 100 && fallbacks < normals / 10_000, "{normals} {fallbacks}");
+    }
+
+    /// The statistics `generate_with_stats` hands on (to `Prepared`, instead of a second
+    /// forward pass) are the oracle's forward pass on the finished inputs, bit for bit.
+    #[test]
+    fn generation_stats_are_the_oracle_forward() {
+        for fixed in ["b: 2, t: 16, v: 3000, mask: random_hostile, profile: spike", "level: fused, b: 2, t: 8, h: 32, v: 2049, dtype: bf16"] {
+            let c = parse_fixed(fixed).unwrap();
+            let (x, st) = Inputs::generate_with_stats(&c);
+            let want = oracle::forward(&c, &x, oracle::DEFAULT_CHUNK);
+            for (a, b) in [(&st.lse, &want.lse), (&st.logp, &want.logp), (&st.entropy, &want.entropy), (&st.abs_max, &want.abs_max)] {
+                assert!(a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()) && a.len() == b.len(), "{}", c.id);
+            }
         }
     }
 }

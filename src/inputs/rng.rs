@@ -32,6 +32,11 @@ impl Stream {
         Stream { key }
     }
 
+    /// The stream's key (counter i's bits are `mix64(key + i·0x9E37_79B9_7F4A_7C15)`).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
     /// Raw 64 bits of counter `i`.
     pub fn bits(&self, i: u64) -> u64 {
         mix64(self.key.wrapping_add(i.wrapping_mul(0x9E37_79B9_7F4A_7C15)))

@@ -13,6 +13,13 @@ use crate::cases::Case;
 use crate::inputs::Inputs;
 use crate::spec::{DType, IsLevel, Level, LogitsDtype, LossType};
 use rayon::prelude::*;
+use std::sync::OnceLock;
+
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread computed fused gradients (tests of the cache).
+    pub(crate) static FUSED_GRADS_COMPUTED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
 
 /// Version of the oracle's arithmetic; part of every golden file's provenance. (A masked
 /// token's terms use its own logp for old_logp and ref_logp since the hostile-mask cases;
@@ -77,15 +84,22 @@ pub fn forward(case: &Case, inputs: &Inputs, chunk: usize) -> TokenStats {
                 row::forward(z, inputs.chosen_ids[r] as usize, inv_tau, chunk)
             })
             .collect(),
+        // A block of rows' logits at a time (lm_head read once per block), the same bits
+        // as `fused_logits_row` row by row.
         Level::Fused => (0..rows)
+            .step_by(fused::LOGITS_ROWS)
+            .collect::<Vec<_>>()
             .into_par_iter()
-            .map_init(
-                || vec![0f64; v],
-                |buf, r| {
-                    fused_logits_row(case, inputs, r, buf);
-                    row::forward(buf, inputs.chosen_ids[r] as usize, inv_tau, chunk)
-                },
-            )
+            .map_init(Vec::new, |buf: &mut Vec<f64>, r0| {
+                let n = fused::LOGITS_ROWS.min(rows - r0);
+                buf.resize(n * v, 0.0);
+                fused::logits_rows(case, inputs, r0, buf);
+                buf.chunks(v)
+                    .enumerate()
+                    .map(|(i, z)| row::forward(z, inputs.chosen_ids[r0 + i] as usize, inv_tau, chunk))
+                    .collect::<Vec<_>>()
+            })
+            .flatten()
             .collect(),
     };
     TokenStats {
@@ -126,6 +140,8 @@ pub struct Oracle {
     pub scale_kl: Vec<f64>,
     /// [B,T] error scale of per_token_loss.
     pub scale_loss: Vec<f64>,
+    /// Fused level: the gradients, once computed ([`Oracle::fused_grads`]).
+    fused: OnceLock<FusedGrads>,
 }
 
 fn unclipped(r: f64, a: f64, k: &crate::spec::Knobs) -> bool {
@@ -375,6 +391,7 @@ impl Oracle {
             scale_logp: (0..rows).map(|i| scale_logp(&stats, i)).collect(),
             weight,
             stats,
+            fused: OnceLock::new(),
         };
         for (i, t) in terms.iter().enumerate() {
             out.per_token_loss.push(t.loss);
@@ -516,9 +533,20 @@ impl Oracle {
         }
     }
 
-    /// Fused level: dhidden [B,T,H] and dlm_head [H,V] in f64 (small cases only: the
-    /// dlm_head accumulator is H·V f64 per worker thread).
-    pub fn fused_grads(&self, case: &Case, inputs: &Inputs) -> FusedGrads {
-        fused::grads(self, case, inputs)
+    /// Fused level: dhidden [B,T,H] and dlm_head [H,V] in f64, computed on the first call
+    /// and kept with the oracle: every later call (every gate evaluation and golden check of
+    /// a prepared case, whichever thread asks) returns the same value. `case` and `inputs`
+    /// must be the ones the oracle was evaluated on, as for every other method.
+    pub fn fused_grads(&self, case: &Case, inputs: &Inputs) -> &FusedGrads {
+        self.fused.get_or_init(|| {
+            #[cfg(test)]
+            FUSED_GRADS_COMPUTED.with(|c| c.set(c.get() + 1));
+            fused::grads(self, case, inputs)
+        })
+    }
+
+    /// The fused gradients if [`Oracle::fused_grads`] has computed them.
+    pub fn fused_grads_cached(&self) -> Option<&FusedGrads> {
+        self.fused.get()
     }
 }
