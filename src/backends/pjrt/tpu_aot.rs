@@ -15,7 +15,7 @@ use crate::config::ImplConfig;
 use crate::inputs::Inputs;
 use anyhow::{anyhow, bail, Context, Result};
 use grpo_pjrt::proto::OptionOverrideValue;
-use grpo_pjrt::{CompileOptions, Plugin, Program, Topology};
+use grpo_pjrt::{Plugin, Program, Topology};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -142,20 +142,27 @@ impl TpuAot {
     /// HBM: its peak is the HBM figure (`peak_bytes`, what budgets judge; an upper bound,
     /// since MSA only moves buffers out of HBM). Measured at the nightly shapes (arrays far
     /// larger than VMEM) both peaks agree within 0.3%.
-    pub fn compile_module(&self, module: &Path) -> Result<RunResult> {
+    pub fn compile_module(&self, module: &Path, num_partitions: usize) -> Result<RunResult> {
         let code = std::fs::read(module).with_context(|| format!("cannot read {}", module.display()))?;
         let _guard = compile_lock().lock().unwrap_or_else(|p| p.into_inner());
         let plugin = load_libtpu(&self.plugin)?;
         let topo = Topology::create(&plugin, &self.topology, &[])
             .map_err(|e| anyhow!("libtpu {} cannot describe topology `{}`: {e}", self.version, self.topology))?;
+        let chips = topo.device_descriptions().map(|d| d.len()).unwrap_or(0);
+        if num_partitions > chips.max(1) {
+            bail!("the module is partitioned over {num_partitions} devices but topology {} has {chips} chips", self.topology);
+        }
+        // SPMD over the first N chips of the topology (ids 0..N).
+        let ids: Vec<i64> = (0..num_partitions.max(1) as i64).collect();
+        let options = super::worker::compile_options(num_partitions, &ids)?;
         let program = Program::mlir_bytecode(code);
         let t0 = Instant::now();
         let exe = topo
-            .compile(&program, &CompileOptions::default())
+            .compile(&program, &options)
             .map_err(|e| anyhow!("TPU compile for {} failed: {e}", self.topology))?;
         let compile_s = t0.elapsed().as_secs_f64();
         let with_vmem = memory_of(&exe, "").and_then(|m| m.peak_bytes);
-        let mut hbm_only = CompileOptions::default();
+        let mut hbm_only = options.clone();
         hbm_only.option_overrides.push((HBM_ONLY_OPTION.into(), OptionOverrideValue::BoolField(false)));
         let exe_hbm = topo
             .compile(&program, &hbm_only)
@@ -204,7 +211,7 @@ impl Backend for TpuAot {
     fn run(&self, implementation: &str, case: &Case, _inputs: &Inputs, _opts: &RunOptions) -> Result<RunResult> {
         let imp = self.options(implementation).with_context(|| format!("{} has no implementation `{implementation}`", self.name))?;
         match self.exporter.get(imp, case)? {
-            Exported::Ready { module, .. } => self.compile_module(&module),
+            Exported::Ready { module, manifest } => self.compile_module(&module, manifest.num_partitions),
             Exported::Unsupported(r) => bail!("unsupported: {r}"),
             Exported::Failed(e) => bail!("{e}"),
         }
