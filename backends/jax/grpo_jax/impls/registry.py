@@ -89,5 +89,5 @@ def get(impl_id: str) -> Implementation:
     try:
         return IMPLEMENTATIONS[impl_id]
     except KeyError:
-        raise KeyError(f"unknown impl {impl_id!r} (known: {sorted(IMPLEMENTATIONS)}; an "
-                       f"implementation outside grpo_jax is named 'module:attribute')") from None
+        raise KeyError(f"unknown implementation id {impl_id!r}; known: {sorted(IMPLEMENTATIONS)} "
+                       f"(an implementation outside grpo_jax is named 'module:attribute')") from None
