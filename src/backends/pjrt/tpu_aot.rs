@@ -83,6 +83,12 @@ pub fn load_libtpu(path: &Path) -> Result<Plugin> {
     Plugin::load(path).map_err(|e| anyhow!("libtpu {}: {e}", path.display()))
 }
 
+/// Chips of a topology name such as `v6e:2x4` (the product of its dimensions).
+pub fn topology_chips(topology: &str) -> Option<usize> {
+    let dims = topology.split(':').nth(1)?;
+    dims.split('x').map(|d| d.trim().parse::<usize>().ok()).product()
+}
+
 /// One TPU export per (implementation, case), shared by every topology.
 fn shared_exporter() -> Result<Arc<Exporter>> {
     static EXPORTER: OnceLock<Arc<Exporter>> = OnceLock::new();
@@ -197,6 +203,9 @@ impl Backend for TpuAot {
         let Some(imp) = self.options(implementation) else {
             return Err(format!("{} has no implementation `{implementation}` configured", self.name));
         };
+        if let Some(chips) = topology_chips(&self.topology).filter(|&c| case.devices > c) {
+            return Err(format!("the case needs {} chips, topology {} has {chips}", case.devices, self.topology));
+        }
         self.exporter.support(imp, case)
     }
 
@@ -223,5 +232,16 @@ impl Backend for TpuAot {
 
     fn budget(&self, implementation: &str) -> Option<crate::backends::Budget> {
         self.options(implementation).and_then(crate::backends::Budget::of)
+    }
+}
+
+#[cfg(test)]
+mod chip_tests {
+    #[test]
+    fn chips_of_topology_names() {
+        assert_eq!(super::topology_chips("v6e:2x2"), Some(4));
+        assert_eq!(super::topology_chips("v6e:2x4"), Some(8));
+        assert_eq!(super::topology_chips("v5e:2x2x1"), Some(4));
+        assert_eq!(super::topology_chips("bogus"), None);
     }
 }
