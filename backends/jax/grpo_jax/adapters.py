@@ -92,22 +92,11 @@ def _adapt(fn: Callable, *, id: str, description: str, level: str, returns: str,
         if problem.level != level:
             raise ValueError(f"{id} implements the {level} level only")
         b, t = problem.b, problem.t
-        argnums = (0,) if level == "logits" else (0, 1)
-        nhead = len(argnums)
 
-        def loss_fn(*inputs):
-            head, (ids, old_logp, ref_logp, advantages, mask) = inputs[:nhead], inputs[nhead:]
-            logp, ent = per_token(k, options, b, t, *head, ids.astype(jnp.int32))
-            loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
-            entropy = jnp.zeros((b, t), f32) if ent is None else ent
-            return loss, (jax.lax.stop_gradient(logp), aux, entropy)
-
-        def run(*inputs):
-            (loss, (logp, aux, entropy)), grads = jax.value_and_grad(
-                loss_fn, argnums=argnums, has_aux=True)(*inputs)
-            return (loss, logp, aux["per_token_loss"], aux["kl"], aux["clipped"], entropy,
-                    *grads)
-        return run
+        def core(*head_ids):
+            logp, ent = per_token(k, options, b, t, *head_ids)
+            return logp, jnp.zeros((b, t), f32) if ent is None else ent  # placeholder
+        return grpo_math.spec_function(core, k, nhead=1 if level == "logits" else 2)
 
     return Implementation(
         id=id, description=description or f"adapter ({returns}) around {fn.__qualname__}",

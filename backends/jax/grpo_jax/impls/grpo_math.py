@@ -98,3 +98,24 @@ def grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k: Knobs):
         "clipped": clipped_metric(r, advantages, k),
     }
     return loss, aux
+
+
+def spec_function(core, k: Knobs, nhead: int, loss_from_logp=None):
+    """The SPEC function of a per-token core: all inputs in SPEC order -> (loss, logp,
+    per_token_loss, kl, clipped, entropy, gradients of the first ``nhead`` inputs).
+
+    ``core(*head, chosen_ids) -> (logp [B, T], entropy [B, T] without gradient)``;
+    ``loss_from_logp`` (default ``grpo_from_logp``) turns logp into (loss, aux)."""
+    loss_from_logp = loss_from_logp or grpo_from_logp
+
+    def loss_fn(*inputs):
+        head, (ids, old_logp, ref_logp, advantages, mask) = inputs[:nhead], inputs[nhead:]
+        logp, entropy = core(*head, ids.astype(jnp.int32))
+        loss, aux = loss_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
+        return loss, (jax.lax.stop_gradient(logp), aux, entropy)
+
+    def fn(*inputs):
+        (loss, (logp, aux, entropy)), grads = jax.value_and_grad(
+            loss_fn, argnums=tuple(range(nhead)), has_aux=True)(*inputs)
+        return (loss, logp, aux["per_token_loss"], aux["kl"], aux["clipped"], entropy, *grads)
+    return fn

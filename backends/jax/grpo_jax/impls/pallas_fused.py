@@ -63,6 +63,7 @@ from jax.experimental.pallas import tpu as pltpu
 from ..spec import Knobs, Problem, RequestError
 from . import grpo_math
 from .interface import Capabilities, Implementation
+from .pallas_logits import _interpret
 from .tpu_layout import ITEMSIZE, LANE, SUBLANE, tpu_default_order
 
 f32 = jnp.float32
@@ -382,11 +383,6 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
 
 # --------------------------------------------------------------------------- config
 
-def _interpret(platform: str, options: Mapping[str, Any]) -> bool:
-    flag = options.get("interpret")
-    return platform == "cpu" if flag is None else bool(flag)
-
-
 def _validate_options(options: Mapping[str, Any]) -> None:
     for key in ("block_tokens", "block_v"):
         val = options[key]
@@ -479,19 +475,7 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
 
 def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
     """All SPEC inputs in order -> (loss, metrics..., dhidden, dlm_head)."""
-    core = per_token(problem, k, options)
-
-    def loss_fn(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
-        logp, entropy = core(hidden, lm_head, chosen_ids)
-        loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
-        return loss, (jax.lax.stop_gradient(logp), aux, entropy)
-
-    def fn(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
-        (loss, (logp, aux, entropy)), (dh, dw) = jax.value_and_grad(
-            loss_fn, argnums=(0, 1), has_aux=True)(
-                hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask)
-        return (loss, logp, aux["per_token_loss"], aux["kl"], aux["clipped"], entropy, dh, dw)
-    return fn
+    return grpo_math.spec_function(per_token(problem, k, options), k, nhead=2)
 
 
 IMPLEMENTATION = Implementation(

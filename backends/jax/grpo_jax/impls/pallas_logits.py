@@ -517,19 +517,7 @@ def _builder(bwd_impl_fixed: Optional[str]):
 
     def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
         """All SPEC inputs in order -> (loss, metrics..., dlogits)."""
-        core = per_token(problem, k, options)
-
-        def loss_fn(logits, chosen_ids, old_logp, ref_logp, advantages, mask):
-            logp, entropy = core(logits, chosen_ids)
-            loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
-            return loss, (jax.lax.stop_gradient(logp), aux, entropy)
-
-        def fn(logits, chosen_ids, old_logp, ref_logp, advantages, mask):
-            (loss, (logp, aux, entropy)), dlogits = jax.value_and_grad(loss_fn, has_aux=True)(
-                logits, chosen_ids, old_logp, ref_logp, advantages, mask)
-            return (loss, logp, aux["per_token_loss"], aux["kl"], aux["clipped"], entropy,
-                    dlogits)
-        return fn
+        return grpo_math.spec_function(per_token(problem, k, options), k, nhead=1)
     return build
 
 

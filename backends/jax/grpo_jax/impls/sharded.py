@@ -166,20 +166,11 @@ def build(impl: Implementation, problem: Problem, k: Knobs, options: Mapping[str
             entropy = jax.lax.stop_gradient(lse - jnp.sum(wk * (lse_k - ent_k), axis=0))
             return logp, entropy
 
-    def loss_fn(*inputs):
-        head, (ids, old_logp, ref_logp, advantages, mask) = inputs[:nhead], inputs[nhead:]
-        logp, entropy = per_token(*head, ids.astype(jnp.int32))
-        if unsafe_local_normaliser:  # test-only mutant: per-device normalisers, summed
-            return _local_normaliser_loss(logp, old_logp, ref_logp, advantages, mask, k, n,
-                                          entropy)
-        loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
-        return loss, (jax.lax.stop_gradient(logp), aux, entropy)
-
-    def fn(*inputs):
-        (loss, (logp, aux, entropy)), grads = jax.value_and_grad(
-            loss_fn, argnums=tuple(range(nhead)), has_aux=True)(*inputs)
-        return (loss, logp, aux["per_token_loss"], aux["kl"], aux["clipped"], entropy, *grads)
-    return fn
+    loss_from_logp = None
+    if unsafe_local_normaliser:  # test-only mutant: per-device normalisers, summed
+        def loss_from_logp(logp, old_logp, ref_logp, advantages, mask, k_):
+            return _local_normaliser_loss(logp, old_logp, ref_logp, advantages, mask, k_, n)
+    return grpo_math.spec_function(per_token, k, nhead, loss_from_logp)
 
 
 def shardings(problem: Problem, sharding: str, devices: int):
@@ -199,7 +190,7 @@ def _fused_logit(hidden, w_cols, k: Knobs, problem: Problem):
     return z / k.temperature
 
 
-def _local_normaliser_loss(logp, old_logp, ref_logp, advantages, mask, k, n, entropy):
+def _local_normaliser_loss(logp, old_logp, ref_logp, advantages, mask, k, n):
     """The wrong variant: each device aggregates its B/N rows with its own normaliser and
     the per-device losses are summed (what a psum of local losses gives)."""
     b = logp.shape[0]
@@ -211,4 +202,4 @@ def _local_normaliser_loss(logp, old_logp, ref_logp, advantages, mask, k, n, ent
         parts.append(li)
         auxes.append(ai)
     aux = {key: jnp.concatenate([a[key] for a in auxes]) for key in auxes[0]}
-    return sum(parts), (jax.lax.stop_gradient(logp), aux, entropy)
+    return sum(parts), aux

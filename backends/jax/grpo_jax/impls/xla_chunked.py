@@ -229,19 +229,7 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
 
 def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
     """All SPEC inputs in order -> (loss, metrics..., dhidden, dlm_head)."""
-    core = per_token(problem, k, options)
-
-    def loss_fn(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
-        logp, entropy = core(hidden, lm_head, chosen_ids)
-        loss, aux = grpo_math.grpo_from_logp(logp, old_logp, ref_logp, advantages, mask, k)
-        return loss, (jax.lax.stop_gradient(logp), aux, entropy)
-
-    def fn(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
-        (loss, (logp, aux, entropy)), (dh, dw) = jax.value_and_grad(
-            loss_fn, argnums=(0, 1), has_aux=True)(
-                hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask)
-        return (loss, logp, aux["per_token_loss"], aux["kl"], aux["clipped"], entropy, dh, dw)
-    return fn
+    return grpo_math.spec_function(per_token(problem, k, options), k, nhead=2)
 
 
 IMPLEMENTATION = Implementation(
