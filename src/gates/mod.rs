@@ -204,6 +204,11 @@ pub fn expected_shapes(case: &Case) -> Vec<(OutputName, Vec<usize>)> {
     v
 }
 
+/// A passing report of an output whose values are not compared (the message says why).
+fn unjudged(output: OutputName, tolerance: Tolerance, tier: String, message: String) -> GateReport {
+    GateReport { output, passed: true, norm_err: 0.0, max_abs_err: 0.0, compared: 0, bound_used: 0.0, tolerance, tier, message, provided: true }
+}
+
 /// Judges every output of `got` for `case`; one report per expected output.
 pub fn judge(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs) -> Vec<GateReport> {
     let mut reports = Vec::new();
@@ -211,18 +216,8 @@ pub fn judge(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs) -> Ve
         let tol = tolerance(case.tier, case.dtype, name);
         let tier = format!("{}/{}", case.tier, case.dtype);
         if got.not_provided.contains(&name) {
-            reports.push(GateReport {
-                output: name,
-                passed: true,
-                norm_err: 0.0,
-                max_abs_err: 0.0,
-                compared: 0,
-                bound_used: 0.0,
-                tolerance: tol,
-                tier,
-                message: format!("{name}: not provided by the implementation (not gated)"),
-                provided: false,
-            });
+            let message = format!("{name}: not provided by the implementation (not gated)");
+            reports.push(GateReport { provided: false, ..unjudged(name, tol, tier, message) });
             continue;
         }
         let t = match got.get(name) {
@@ -241,18 +236,7 @@ pub fn judge(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs) -> Ve
             // but it must still be finite.
             reports.push(match t.data.iter().position(|x| !x.is_finite()) {
                 Some(i) => fail(name, tier, format!("non-finite value at {} (β = 0)", index(&shape, i))),
-                None => GateReport {
-                    output: name,
-                    passed: true,
-                    norm_err: 0.0,
-                    max_abs_err: 0.0,
-                    compared: 0,
-                    bound_used: 0.0,
-                    tolerance: tol,
-                    tier,
-                    message: "kl: finite; values not judged (β = 0 leaves ref_logp unread)".into(),
-                    provided: true,
-                },
+                None => unjudged(name, tol, tier, "kl: finite; values not judged (β = 0 leaves ref_logp unread)".into()),
             });
             continue;
         }
