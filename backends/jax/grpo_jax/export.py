@@ -66,9 +66,19 @@ def build_function(norm: dict) -> Built:
     return Built(norm, impl, problem, impl.build(problem, knobs, options), None)
 
 
+def module_problem(norm: dict, problem: Problem) -> Problem:
+    """The problem whose shapes the module has: SPEC's, except that vocab-sharded modules
+    take and return [.., V] arrays padded to a multiple of the device count."""
+    if norm.get("devices", 1) > 1:
+        from .impls import sharded
+        return sharded.module_problem(problem, norm["sharding"], norm["devices"])
+    return problem
+
+
 def export_function(fn, problem, shardings=None):
     """``jax.export`` of ``fn`` for the problem's single platform (over a device mesh when
-    ``shardings`` is given: the module then carries ``mhlo.num_partitions``)."""
+    ``shardings`` is given: the module then carries ``mhlo.num_partitions``). ``problem``
+    is the module's (``module_problem``)."""
     import jax
     args = [s.struct() for s in input_specs(problem)]
     if shardings is None:
@@ -82,11 +92,20 @@ def manifest_for(norm: dict, key: str, exported, shardings=None) -> dict:
     """The manifest of an exported case; checks the module's avals against the SPEC names.
 
     Multi-device: ``num_partitions`` and, per input and output, ``shard_axis`` (the axis
-    split evenly over the devices in device order, or null: every device holds it whole)."""
+    split evenly over the devices in device order, or null: every device holds it whole).
+    ``shape`` is always SPEC's; a tensor the module takes or returns padded on its shard
+    axis also has ``pad_to`` (the module's extent there) and, for inputs, ``pad_value``
+    (what the caller writes into the padding; padded outputs must come back 0)."""
     problem = problem_of(norm)
     ins, outs = input_specs(problem), output_specs(problem)
-    _check_avals("input", ins, exported.in_avals)
-    _check_avals("output", outs, exported.out_avals)
+    mod = module_problem(norm, problem)
+    mins, mouts = input_specs(mod), output_specs(mod)
+    _check_avals("input", mins, exported.in_avals)
+    _check_avals("output", mouts, exported.out_avals)
+    pad_values = {}
+    if mod != problem:
+        from .impls.sharded import pad_values as _pv
+        pad_values = _pv(problem)
     kept = list(exported.module_kept_var_idx)
     jax_v, jaxlib_v = cache.versions()
     in_axes = out_axes = None
@@ -94,8 +113,15 @@ def manifest_for(norm: dict, key: str, exported, shardings=None) -> dict:
         from .impls.sharded import shard_axis
         in_axes = [shard_axis(s.spec) for s in shardings[0]]
         out_axes = [shard_axis(s.spec) for s in shardings[1]]
-    inputs = [dict(ins[i].to_json(), shard_axis=in_axes[i] if in_axes else None) for i in kept]
-    outputs = [dict(o.to_json(), shard_axis=out_axes[j] if out_axes else None)
+    def entry(spec, mspec, axis, is_input):
+        e = dict(spec.to_json(), shard_axis=axis)
+        if mspec.shape != spec.shape:
+            e["pad_to"] = mspec.shape[axis]
+            if is_input:
+                e["pad_value"] = pad_values[spec.name]
+        return e
+    inputs = [entry(ins[i], mins[i], in_axes[i] if in_axes else None, True) for i in kept]
+    outputs = [entry(o, mouts[j], out_axes[j] if out_axes else None, False)
                for j, o in enumerate(outs)]
     return {
         "impl": norm["impl"], "level": norm["level"], "platform": norm["platform"],
@@ -136,7 +162,7 @@ def handle_request(req, cache_dir: Path) -> dict:
         manifest = cache.lookup(cache_dir, key)
         if manifest is not None:
             return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": True}
-        exported = export_function(built.fn, built.problem, built.shardings)
+        exported = export_function(built.fn, module_problem(norm, built.problem), built.shardings)
         manifest = manifest_for(norm, key, exported, built.shardings)
         cache.store(cache_dir, key, exported.mlir_module_serialized, manifest)
         return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": False}

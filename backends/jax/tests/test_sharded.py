@@ -18,8 +18,10 @@ def _run(impl_id, problem, knobs, inputs, devices, sharding, options=None, **kw)
     opts = impl.resolve_options(options or {})
     fn = sharded.build(impl, problem, knobs, opts, devices, sharding, **kw)
     ins, outs = sharded.shardings(problem, sharding, devices)
-    out = jax.jit(fn, in_shardings=ins, out_shardings=outs)(*inputs.values())
-    return {s.name: np.asarray(jax.device_get(o)) for s, o in zip(output_specs(problem), out)}
+    args = sharded.pad_inputs(problem, sharding, devices, inputs)
+    out = jax.jit(fn, in_shardings=ins, out_shardings=outs)(*args.values())
+    got = {s.name: np.asarray(jax.device_get(o)) for s, o in zip(output_specs(problem), out)}
+    return sharded.crop_outputs(problem, got)
 
 
 LOGITS = [("jax_baseline", {}), ("pallas_logits", dict(block_rows=8, block_v=256))]
@@ -81,4 +83,46 @@ def test_fused_level_sharded_matches_oracle(impl, options, sharding, devices, v,
     inputs = make_inputs(problem, 5)
     knobs = Knobs.from_json(dict(KNOB_SETS[name], logits_dtype=logits_dtype))
     got = _run(impl, problem, knobs, inputs, devices, sharding, options)
+    assert compare(got, oracle(inputs, knobs.to_json(), "fused"), inputs["mask"], "bf16") == []
+
+
+def test_padded_lm_head_columns_that_count_fail():
+    """V = 1001 on 4 devices: the module takes the LM head padded with 3 zero columns. A
+    core that ignores ``valid_v`` counts them in the normaliser (logit 0 each) and the
+    loss misses the oracle; its padded dlm_head columns are nonzero, which crop_outputs
+    refuses (the Rust worker does the same)."""
+    import dataclasses
+    problem = Problem("fused", 4, 5, 1001, 40, "f32")
+    inputs = make_inputs(problem, 5)
+    knobs = Knobs.from_json(KNOB_SETS["grpo_token_beta"])
+    impl = get("jax_baseline")
+
+    def blind(p, k, o):
+        core = impl.per_token(p, k, o)
+        return lambda h, w, ids, valid_v=None, with_lse=False: core(h, w, ids, with_lse=with_lse)
+    wrong = dataclasses.replace(impl, per_token=blind)
+    fn = sharded.build(wrong, problem, knobs, {}, 4, "vocab")
+    ins, outs = sharded.shardings(problem, "vocab", 4)
+    args = sharded.pad_inputs(problem, "vocab", 4, inputs)
+    out = jax.jit(fn, in_shardings=ins, out_shardings=outs)(*args.values())
+    got = {s.name: np.asarray(o) for s, o in zip(output_specs(problem), out)}
+    with pytest.raises(AssertionError, match="dlm_head: padded columns have nonzero gradient"):
+        sharded.crop_outputs(problem, got)
+    got["dlm_head"] = got["dlm_head"][:, :problem.v]
+    problems = compare(got, oracle(inputs, knobs.to_json(), "fused"), inputs["mask"], "f32")
+    assert any(p.startswith("loss") for p in problems), problems
+
+
+@pytest.mark.parametrize("impl,options", FUSED)
+@pytest.mark.parametrize("devices", [4, 8])
+def test_fused_vocab_backward_in_token_chunks(monkeypatch, impl, options, devices):
+    """The vocab-parallel fused backward in several chunks (8, 8, then 4 of 20 tokens):
+    the chunk loop, its static remainder and the per-chunk f32 psum."""
+    from grpo_jax.impls import vocab_fused
+    monkeypatch.setattr(vocab_fused, "CHUNK_BYTES", 4 * 40 * 8)
+    assert vocab_fused.chunk_tokens(20, 40) == 8
+    problem = Problem("fused", 4, 5, 1001, 40, "bf16")
+    inputs = make_inputs(problem, 6)
+    knobs = Knobs.from_json(dict(KNOB_SETS["grpo_token_beta"], logits_dtype="input"))
+    got = _run(impl, problem, knobs, inputs, devices, "vocab", options)
     assert compare(got, oracle(inputs, knobs.to_json(), "fused"), inputs["mask"], "bf16") == []

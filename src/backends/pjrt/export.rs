@@ -106,6 +106,13 @@ pub struct TensorSpec {
     /// every device holds the whole array).
     #[serde(default)]
     pub shard_axis: Option<usize>,
+    /// The module's extent on `shard_axis` when it takes or returns the tensor padded there
+    /// (vocab sharding with V not divisible by the devices); `shape` stays SPEC's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_to: Option<usize>,
+    /// Inputs with `pad_to`: the value written into the padding (outputs' padding must be 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_value: Option<f64>,
 }
 
 /// The manifest written next to each exported module.

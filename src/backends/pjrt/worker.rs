@@ -166,6 +166,56 @@ pub fn shard_bytes(dims: &[i64], bytes: &[u8], item: usize, axis: usize, n: usiz
     Ok((sd, out))
 }
 
+/// One element of `value` in `dtype`, little-endian.
+fn element_bytes(dtype: &str, value: f64) -> Result<Vec<u8>> {
+    Ok(match dtype {
+        "f32" => (value as f32).to_le_bytes().to_vec(),
+        "bf16" => half::bf16::from_f64(value).to_le_bytes().to_vec(),
+        "f16" => half::f16::from_f64(value).to_le_bytes().to_vec(),
+        "i32" => (value as i32).to_le_bytes().to_vec(),
+        other => bail!("cannot pad a `{other}` tensor"),
+    })
+}
+
+/// A row-major array extended along `axis` from `dims[axis]` to `to` with copies of `fill`
+/// (one element's bytes): (dims, bytes).
+pub fn pad_axis(dims: &[i64], bytes: &[u8], fill: &[u8], axis: usize, to: usize) -> (Vec<i64>, Vec<u8>) {
+    let item = fill.len();
+    let size = dims[axis] as usize;
+    let outer: usize = dims[..axis].iter().map(|&x| x as usize).product();
+    let inner: usize = dims[axis + 1..].iter().map(|&x| x as usize).product();
+    let mut out = Vec::with_capacity(outer * to * inner * item);
+    for o in 0..outer {
+        out.extend_from_slice(&bytes[o * size * inner * item..(o + 1) * size * inner * item]);
+        for _ in 0..(to - size) * inner {
+            out.extend_from_slice(fill);
+        }
+    }
+    let mut pd = dims.to_vec();
+    pd[axis] = to as i64;
+    (pd, out)
+}
+
+/// The inverse of [`pad_axis`]: the first `keep` entries along `axis`, and whether every
+/// cut element is zero (+0 or −0; floats only, `item` 2 or 4 bytes).
+pub fn crop_axis(dims: &[i64], bytes: &[u8], item: usize, axis: usize, keep: usize) -> (Vec<u8>, bool) {
+    let size = dims[axis] as usize;
+    let outer: usize = dims[..axis].iter().map(|&x| x as usize).product();
+    let inner: usize = dims[axis + 1..].iter().map(|&x| x as usize).product::<usize>() * item;
+    let mut out = Vec::with_capacity(outer * keep * inner);
+    let mut zero = true;
+    for o in 0..outer {
+        let row = &bytes[o * size * inner..(o + 1) * size * inner];
+        out.extend_from_slice(&row[..keep * inner]);
+        zero &= row[keep * inner..].chunks_exact(item).all(|e| {
+            let mut e = e.to_vec();
+            *e.last_mut().unwrap() &= 0x7f; // sign bit (little-endian)
+            e.iter().all(|&b| b == 0)
+        });
+    }
+    (out, zero)
+}
+
 /// The inverse of [`shard_bytes`]: the parts (device order) joined along `axis`.
 pub fn join_shards(parts: &[Vec<u8>], part_dims: &[i64], item: usize, axis: usize) -> Vec<u8> {
     let part = part_dims[axis] as usize;
@@ -214,7 +264,16 @@ fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: 
             match spec.shard_axis.filter(|_| n > 1) {
                 None => row.push(client.buffer_from_bytes(et, &a.bytes, &a.dims, device)?),
                 Some(axis) => {
-                    let (dims, bytes) = shard_bytes(&a.dims, &a.bytes, itemsize(&a.dtype)?, axis, n, d)?;
+                    let padded;
+                    let (gdims, gbytes) = match spec.pad_to {
+                        Some(to) if to != a.dims[axis] as usize => {
+                            let fill = element_bytes(&a.dtype, spec.pad_value.unwrap_or(0.0))?;
+                            padded = pad_axis(&a.dims, &a.bytes, &fill, axis, to);
+                            (&padded.0[..], &padded.1[..])
+                        }
+                        _ => (&a.dims[..], &a.bytes[..]),
+                    };
+                    let (dims, bytes) = shard_bytes(gdims, gbytes, itemsize(&a.dtype)?, axis, n, d)?;
                     row.push(client.buffer_from_bytes(et, &bytes, &dims, device)?);
                 }
             }
@@ -247,7 +306,22 @@ fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: 
             None => first[j].to_host_bytes()?,
             Some(axis) => {
                 let parts = per_device.iter().map(|outs| outs[j].to_host_bytes()).collect::<std::result::Result<Vec<_>, _>>()?;
-                join_shards(&parts, &first[j].dims()?, itemsize(&spec.dtype)?, axis)
+                let part_dims = first[j].dims()?;
+                let item = itemsize(&spec.dtype)?;
+                let joined = join_shards(&parts, &part_dims, item, axis);
+                let keep = spec.shape[axis];
+                let total = part_dims[axis] as usize * n;
+                if total == keep {
+                    joined
+                } else {
+                    let mut dims = part_dims.clone();
+                    dims[axis] = total as i64;
+                    let (kept, zero) = crop_axis(&dims, &joined, item, axis, keep);
+                    if !zero {
+                        bail!("{}: the padded entries {keep}..{total} of axis {axis} came back nonzero (padding leaked into the result)", spec.name);
+                    }
+                    kept
+                }
             }
         };
         outputs.push(widen(&spec.dtype, &bytes)?);
@@ -303,6 +377,16 @@ mod tests {
         }
         // Element [1, 2, 5] of the last-axis split into 4: shard 2 (columns 4..6), column 1.
         let (_, p) = shard_bytes(&dims, &bytes, 1, 2, 4, 2).unwrap();
+        // Padding on the last axis, then cropping back, round-trips; the cut part is checked.
+        let (pd, padded) = pad_axis(&[2, 3], &[1, 2, 3, 4, 5, 6], &[0], 1, 5);
+        assert_eq!((pd, padded.clone()), (vec![2, 5], vec![1, 2, 3, 0, 0, 4, 5, 6, 0, 0]));
+        assert_eq!(crop_axis(&[2, 5], &padded, 1, 1, 3), (vec![1, 2, 3, 4, 5, 6], true));
+        let f = |x: f32| x.to_le_bytes();
+        let neg0: Vec<u8> = [f(1.0), f(-0.0), f(2.0), f(0.0)].concat();
+        assert_eq!(crop_axis(&[2, 2], &neg0, 4, 1, 1).1, true, "-0 counts as zero");
+        let leak: Vec<u8> = [f(1.0), f(1e-30), f(2.0), f(0.0)].concat();
+        assert_eq!(crop_axis(&[2, 2], &leak, 4, 1, 1).1, false);
+        assert_eq!(element_bytes("bf16", -1e30).unwrap(), half::bf16::from_f32(-1e30).to_le_bytes().to_vec());
         assert_eq!(p[(3 + 2) * 2 + 1], (8 + 2 * 8 + 5) as u8 + 16);
         assert!(shard_bytes(&dims, &bytes, 1, 1, 2, 0).is_err(), "3 rows do not split in 2");
     }

@@ -63,10 +63,12 @@ def _round_to_jvp(dtype, primals, tangents):
 
 
 def fused_logits(hidden, lm_head, logits_dtype: str):
-    """hidden @ lm_head accumulated in f32; rounded to the input dtype if asked."""
-    z = jnp.einsum("bth,hv->btv", hidden, lm_head, preferred_element_type=f32)
+    """hidden @ lm_head accumulated in f32; rounded to the input dtype (lm_head's: hidden
+    may come in f32 holding values of that dtype) if asked."""
+    z = jnp.einsum("bth,hv->btv", hidden.astype(lm_head.dtype), lm_head,
+                   preferred_element_type=f32)
     if logits_dtype == "input":
-        z = round_to(z, hidden.dtype)
+        z = round_to(z, lm_head.dtype)
     return z
 
 
@@ -101,8 +103,9 @@ def pad_value(dtype) -> float:
     return -1e30 if float(info.max) > 1e31 else float(info.min) / 2
 
 
-def _core(z, chosen_ids, temperature: float):
-    """logp = s_y − logsumexp(s) (s_y = 0 for an id of −1: no column) and entropy."""
+def _core(z, chosen_ids, temperature: float, with_lse: bool = False):
+    """logp = s_y − logsumexp(s) (s_y = 0 for an id of −1: no column), entropy, and
+    (with_lse) the differentiable logsumexp."""
     s = z.astype(f32) / temperature
     lse = jax.nn.logsumexp(s, axis=-1)
     ids = chosen_ids.astype(jnp.int32)
@@ -110,25 +113,25 @@ def _core(z, chosen_ids, temperature: float):
     logp = jnp.where(ids >= 0, s_y, 0.0) - lse
     lp = jax.lax.stop_gradient(s - lse[..., None])
     entropy = -jnp.sum(jnp.exp(lp) * lp, axis=-1)
-    return logp, entropy
+    return (logp, entropy, lse) if with_lse else (logp, entropy)
 
 
 def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
-    """The differentiable core: (logits, ids) or (hidden, lm_head, ids, valid_v=None) ->
-    (logp [B, T], entropy [B, T]); fused columns >= valid_v (a traced count) are padding;
-    an id of −1 selects no column (logp = −logsumexp)."""
+    """The differentiable core: (logits, ids) or (hidden, lm_head, ids, valid_v=None,
+    with_lse=False) -> (logp [B, T], entropy [B, T][, lse [B, T]]); fused columns >= valid_v
+    (a traced count) are padding; an id of −1 selects no column (logp = −logsumexp)."""
     del options
     if problem.level == "logits":
         def f(logits, chosen_ids):
             return _core(logits, chosen_ids, k.temperature)
         return f
 
-    def f_fused(hidden, lm_head, chosen_ids, valid_v=None):
+    def f_fused(hidden, lm_head, chosen_ids, valid_v=None, with_lse=False):
         z = fused_logits(hidden, lm_head, k.logits_dtype)
         if valid_v is not None:
             col = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1)
             z = jnp.where(col < valid_v, z, pad_value(jnp.float32))
-        return _core(z, chosen_ids, k.temperature)
+        return _core(z, chosen_ids, k.temperature, with_lse)
     return f_fused
 
 

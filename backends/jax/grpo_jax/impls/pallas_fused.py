@@ -12,8 +12,13 @@ the online logsumexp of the logits kernel, per token in VMEM scratch --
     m = running max,  l = sum exp(s - m),  a = sum exp(s - m) * (s - m),  c = s[y]
     lse = m + log l,  logp = c - lse,  entropy = log l - a / l
 
-Backward (``jax.custom_vjp``; g = d loss / d logp from JAX autodiff of ``grpo_math``):
-the tile is recomputed and ``dz = g * (onehot - exp(s - lse)) / tau``. Two kernels, each
+Backward (``jax.custom_vjp``; g = d loss / d logp from JAX autodiff of ``grpo_math``,
+g_lse = d loss / d lse when the caller also differentiates lse, else 0): the tile is
+recomputed and ``dz = (g * onehot - (g - g_lse) * exp(s - lse)) / tau`` (g_lse = 0: the
+usual g * (onehot - p) / tau); lse, the two per-row coefficients and the chosen id (as
+an f32, exact below 2^24) enter as one [N, 4] f32 array, which costs no more HBM than one
+[N, 1] (on TPU both are padded to 128 lanes: 2 MB at N = 4096, which matters against a
+vocab shard's floor). Two kernels, each
 owning its output tiles, so no output is accumulated across grid steps in HBM and each
 has a "parallel" outer axis (megacore):
 
@@ -143,11 +148,13 @@ def _split(plan: Plan, refs):
     return plan.v, refs
 
 
-def _dz(plan: Plan, j, s, ids, lse, g, vlim):
-    """g * (onehot - p) / tau for one tile, 0 in columns >= vlim."""
+def _dz(plan: Plan, j, s, rows, vlim):
+    """(g * onehot - gp * exp(s - lse)) / tau for one tile (rows = [lse, g, gp, id] per
+    row), 0 in columns >= vlim."""
     col = _cols(plan, j, s.shape)
-    onehot = (col == ids).astype(f32)
-    dz = g * (onehot - jnp.exp(s - lse)) / plan.temperature
+    lse, g, gp = rows[:, 0:1], rows[:, 1:2], rows[:, 2:3]
+    onehot = (col == rows[:, 3:4].astype(jnp.int32)).astype(f32)
+    dz = (g * onehot - gp * jnp.exp(s - lse)) / plan.temperature
     if plan.tail_v:
         dz = jnp.where(col < vlim, dz, 0.0)
     return dz
@@ -176,7 +183,7 @@ def _fwd_kernel(*refs, plan: Plan):
         a_sc[...] = jnp.zeros(a_sc.shape, f32)
         c_sc[...] = jnp.zeros(c_sc.shape, f32)
 
-    s = _logits(plan, h_ref[...], w_ref[...])
+    s = _logits(plan, h_ref[...].astype(plan.dtype), w_ref[...])
     col = _cols(plan, j, s.shape)
     if plan.tail_v:
         s = jnp.where(col < vlim, s, -jnp.inf)
@@ -201,7 +208,7 @@ def _fwd_kernel(*refs, plan: Plan):
 
 
 def _dhidden_kernel(*refs, plan: Plan):
-    vlim, (ids_ref, lse_ref, g_ref, h_ref, w_ref, dh_ref, acc) = _split(plan, refs)
+    vlim, (rows_ref, h_ref, w_ref, dh_ref, acc) = _split(plan, refs)
     j = pl.program_id(1)
 
     @pl.when(j == 0)
@@ -209,8 +216,8 @@ def _dhidden_kernel(*refs, plan: Plan):
         acc[...] = jnp.zeros(acc.shape, f32)
 
     w = _valid_w(plan, j, w_ref[...], vlim)
-    s = _logits(plan, h_ref[...], w)
-    dz = _dz(plan, j, s, ids_ref[...], lse_ref[...], g_ref[...], vlim).astype(plan.dz_dtype)
+    s = _logits(plan, h_ref[...].astype(plan.dtype), w)
+    dz = _dz(plan, j, s, rows_ref[...], vlim).astype(plan.dz_dtype)
     w = w.astype(plan.dz_dtype)
     # dh += dz @ W_tile^T, contracting the tile's vocab entries.
     dims = (((1,), (0,)), ((), ())) if plan.vocab_major else (((1,), (1,)), ((), ()))
@@ -223,19 +230,19 @@ def _dhidden_kernel(*refs, plan: Plan):
 
 
 def _dlm_head_kernel(*refs, plan: Plan):
-    vlim, (ids_ref, lse_ref, g_ref, h_ref, w_ref, dw_ref, acc) = _split(plan, refs)
+    vlim, (rows_ref, h_ref, w_ref, dw_ref, acc) = _split(plan, refs)
     j, i = pl.program_id(0), pl.program_id(1)
 
     @pl.when(i == 0)
     def _init():
         acc[...] = jnp.zeros(acc.shape, f32)
 
-    h = h_ref[...]
+    h = h_ref[...].astype(plan.dtype)
     if plan.tail_n:  # rows past N: unspecified memory; they must not enter h^T @ dz
         row = i * plan.bt + jax.lax.broadcasted_iota(jnp.int32, (h.shape[0], 1), 0)
         h = jnp.where(row < plan.n, h, jnp.zeros_like(h))
     s = _logits(plan, h, _valid_w(plan, j, w_ref[...], vlim))
-    dz = _dz(plan, j, s, ids_ref[...], lse_ref[...], g_ref[...], vlim)
+    dz = _dz(plan, j, s, rows_ref[...], vlim)
     if plan.tail_n:
         dz = jnp.where(row < plan.n, dz, 0.0)
     dz = dz.astype(plan.dz_dtype)
@@ -295,8 +302,8 @@ def _limit(plan: Plan, limit: Optional[int]) -> int:
 
 
 def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional[int]):
-    """(hidden2 [N, H], W, ids [N, 1]) -> (logp [N, 1], entropy [N, 1]) with SPEC's VJP
-    (entropy carries no gradient). W is lm_head [H, V], or lm_head.T if vocab_major."""
+    """(hidden2 [N, H], W, ids [N, 1], valid) -> (logp, entropy, lse), each [N, 1], with
+    SPEC's VJP in logp and lse's own (entropy carries no gradient). W is lm_head [H, V], or lm_head.T if vocab_major."""
     limit = _limit(plan, vmem_limit_bytes)
     n, h, v, bt, bv = plan.n, plan.h, plan.v, plan.bt, plan.bv
     row = pl.BlockSpec((bt, 1), lambda i, j: (i, 0))
@@ -326,11 +333,12 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
             name="grpo_fused_fwd",
         )(*pre(valid), ids, hidden, w)
 
-    def dhidden(hidden, w, ids, lse, g, valid):
+    def dhidden(hidden, w, rows, valid):
         return pl.pallas_call(
             functools.partial(_dhidden_kernel, plan=plan),
             grid=(plan.tok_blocks, plan.voc_tiles),
-            in_specs=smem + [row, row, row, hid, _w_spec(plan, lambda i, j: j)],
+            in_specs=smem + [pl.BlockSpec((bt, 4), lambda i, j: (i, 0)), hid,
+                             _w_spec(plan, lambda i, j: j)],
             out_specs=hid,
             out_shape=jax.ShapeDtypeStruct((n, h), hidden.dtype),
             scratch_shapes=[pltpu.VMEM((bt, h), f32)],
@@ -340,17 +348,17 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
                 bytes_accessed=it * (2 * n * h + plan.tok_blocks * h * v) + 12 * n),
             interpret=interpret,
             name="grpo_fused_dhidden",
-        )(*pre(valid), ids, lse, g, hidden, w)
+        )(*pre(valid), rows, hidden, w)
 
-    def dlm_head(hidden, w, ids, lse, g, valid):
-        trow = pl.BlockSpec((bt, 1), lambda j, i: (i, 0))
+    def dlm_head(hidden, w, rows, valid):
         thid = pl.BlockSpec((bt, h), lambda j, i: (i, 0))
         wspec = _w_spec(plan, lambda j, i: j)
         acc = (bv, h) if plan.vocab_major else (h, bv)
         return pl.pallas_call(
             functools.partial(_dlm_head_kernel, plan=plan),
             grid=(plan.voc_tiles, plan.tok_blocks),
-            in_specs=smem + [trow, trow, trow, thid, wspec],
+            in_specs=smem + [pl.BlockSpec((bt, 4), lambda j, i: (i, 0)), thid,
+                             wspec],
             out_specs=wspec,
             out_shape=jax.ShapeDtypeStruct(w.shape, w.dtype),
             scratch_shapes=[pltpu.VMEM(acc, f32)],
@@ -360,25 +368,25 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
                 bytes_accessed=it * (plan.voc_tiles * n * h + 2 * h * v) + 12 * n),
             interpret=interpret,
             name="grpo_fused_dlm_head",
-        )(*pre(valid), ids, lse, g, hidden, w)
+        )(*pre(valid), rows, hidden, w)
 
     @jax.custom_vjp
-    def logp_entropy(hidden, w, ids, valid):
-        _, logp, ent = forward(hidden, w, ids, valid)
-        return logp, ent
+    def logp_entropy_lse(hidden, w, ids, valid):
+        lse, logp, ent = forward(hidden, w, ids, valid)
+        return logp, ent, lse
 
     def fwd_rule(hidden, w, ids, valid):
         lse, logp, ent = forward(hidden, w, ids, valid)
-        return (logp, ent), (hidden, w, ids, valid, lse)
+        return (logp, ent, lse), (hidden, w, ids, valid, lse)
 
     def bwd_rule(res, cts):
         hidden, w, ids, valid, lse = res
         g = cts[0].astype(f32)  # entropy's cotangent is ignored (a metric)
-        return (dhidden(hidden, w, ids, lse, g, valid), dlm_head(hidden, w, ids, lse, g, valid),
-                None, None)
+        rows = jnp.concatenate([lse, g, g - cts[2].astype(f32), ids.astype(f32)], axis=1)
+        return dhidden(hidden, w, rows, valid), dlm_head(hidden, w, rows, valid), None, None
 
-    logp_entropy.defvjp(fwd_rule, bwd_rule)
-    return logp_entropy
+    logp_entropy_lse.defvjp(fwd_rule, bwd_rule)
+    return logp_entropy_lse
 
 
 # --------------------------------------------------------------------------- config
@@ -446,9 +454,10 @@ def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[st
 
 
 def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
-    """(hidden [B, T, H], lm_head [H, V], ids [B, T], valid_v=None) -> (logp, entropy)
-    [B, T]; columns >= valid_v (a traced count, passed to the kernels in SMEM) are padding;
-    an id of -1 selects no column."""
+    """(hidden [B, T, H], lm_head [H, V], ids [B, T], valid_v=None, with_lse=False) ->
+    (logp, entropy[, lse]) [B, T]; columns >= valid_v (a traced count, passed to the
+    kernels in SMEM) are padding; an id of -1 selects no column; lse (logsumexp of the
+    row) is differentiable too when asked for."""
     if problem.level != "fused":
         raise ValueError("pallas_fused implements the fused level only")
     _validate_options(options)
@@ -463,13 +472,14 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
                 vmem_limit_bytes=options["vmem_limit_bytes"]))
         return kernels[dynamic]
 
-    def f(hidden, lm_head, chosen_ids, valid_v=None):
+    def f(hidden, lm_head, chosen_ids, valid_v=None, with_lse=False):
         plan, kernel = kernel_for(valid_v is not None)
         # lm_head.T is a bitcast when [V][H] is its physical order (no copy).
         w = lm_head.T if plan.vocab_major else lm_head
         ids = chosen_ids.reshape(plan.n, 1).astype(jnp.int32)
-        logp, ent = kernel(hidden.reshape(plan.n, h), w, ids, valid_v)
-        return logp.reshape(b, t), jax.lax.stop_gradient(ent.reshape(b, t))
+        logp, ent, lse = kernel(hidden.reshape(plan.n, h), w, ids, valid_v)
+        out = (logp.reshape(b, t), jax.lax.stop_gradient(ent.reshape(b, t)))
+        return out + (lse.reshape(b, t),) if with_lse else out
     return f
 
 

@@ -10,17 +10,21 @@ The per-token core runs per shard; the GRPO terms and the aggregation run on the
 dr_grpo's B·L). Needs B % N == 0.
 
 ``vocab``: logits (logits level) or lm_head (fused level) split over V, Megatron style.
-V is padded up to a multiple of N when it does not divide (151643 on 4 or 8, 2049 on 4):
-padded logits get ``pad_value`` (probability exactly 0), padded LM-head columns are
-excluded by the core's ``valid_v`` (a zero column would give logit 0 and count in the
-normaliser: a known bug class). Per shard k the core is called with every chosen id set
-to −1, which selects no column (the ``per_token`` contract): it returns −lse_k and the
-shard's entropy, and its VJP is exactly d lse_k / dz = softmax_k / τ (no cancellation of
-two large terms, which in bf16 cost more than the tolerance when it was tried with a real
-column and s_0 − logp_0); the chosen logit is read from the shard that owns it. Across shards (outside shard_map):
-lse = logsumexp_k lse_k (max-shifted), logp = c − lse, entropy = lse − Σ_k w_k (lse_k −
-ent_k) with w_k = exp(lse_k − lse). Gradients flow through the core's own VJP:
-d lse_k / dz = softmax_k(z) / τ, so dlogits / dlm_head come out sharded like the inputs.
+When N does not divide V (151643 on 4 or 8, 2049 on 4) the module takes and returns the
+[.., V] arrays padded to a multiple of N (``module_problem``), so every chip holds only
+its shard: the caller fills padded logits with ``pad_value`` (probability exactly 0) and
+padded LM-head columns with 0, which the core's ``valid_v`` excludes (a zero column would
+give logit 0 and count in the normaliser: a known bug class); padded gradient columns
+come back 0 and are cut off (``crop_outputs``; the Rust worker checks they are 0).
+Per shard k the core is called with every chosen id set to −1, which selects no column
+(the ``per_token`` contract): it returns −lse_k and the shard's entropy, and its VJP is
+exactly d lse_k / dz = softmax_k / τ (no cancellation of two large terms, which in bf16
+cost more than the tolerance when it was tried with a real column and s_0 − logp_0); the
+chosen logit is read from the shard that owns it. Across shards: lse = logsumexp_k lse_k
+(max-shifted), logp = c − lse, entropy = lse − Σ_k w_k (lse_k − ent_k) with
+w_k = exp(lse_k − lse). Logits level: this runs outside shard_map on global arrays and
+gradients flow through the core's own VJP. Fused level: ``vocab_fused`` (a custom VJP
+that sums the dhidden partials across shards in f32, chunk by chunk).
 
 Output shardings: loss and per-token outputs replicated; dlogits like logits; dhidden
 sharded on B (batch) or replicated (vocab); dlm_head replicated (batch) or on V (vocab).
@@ -35,8 +39,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from ..spec import Knobs, Problem
-from . import grpo_math
+from ..spec import DTYPES, Knobs, Problem
+from . import grpo_math, vocab_fused
 from .baseline import pad_value
 from .interface import Implementation
 
@@ -72,22 +76,68 @@ def mesh(devices: int):
                          devices=have[:devices])
 
 
-def specs(level: str, sharding: str, v: int, devices: int):
+def specs(level: str, sharding: str, devices: int):
     """(input PartitionSpecs in SPEC order, output PartitionSpecs in SPEC order).
 
-    A module's entry arrays can only be split evenly: with vocab sharding and V % N != 0
-    the [.., V] inputs and outputs are replicated at the module boundary (every device
-    holds them whole; inside, they are padded and each device computes on its shard)."""
+    With vocab sharding the [.., V] arrays are split on V; the module takes them padded
+    to a multiple of the device count (``module_problem``), so the split is always even."""
     rep, row = P(), P(AXIS)
-    even = v % devices == 0
     if level == "logits":
-        head_in = [row if sharding == "batch" else (P(None, None, AXIS) if even else rep)]
+        head_in = [row if sharding == "batch" else P(None, None, AXIS)]
         head_out = [head_in[0]]
     else:
-        head_in = ([row, rep] if sharding == "batch" else [rep, P(None, AXIS) if even else rep])
+        head_in = [row, rep] if sharding == "batch" else [rep, P(None, AXIS)]
         head_out = head_in
     tail = [row, row, row, row, row] if sharding == "batch" else [rep] * 5
     return head_in + tail, [rep] * 6 + head_out
+
+
+def module_problem(problem: Problem, sharding: str, devices: int) -> Problem:
+    """The problem whose SPEC shapes the module takes and returns: V padded up to a
+    multiple of ``devices`` for vocab sharding (unchanged otherwise)."""
+    if sharding == "vocab" and devices > 1:
+        return dataclasses.replace(problem, v=padded_v(problem.v, devices))
+    return problem
+
+
+def pad_values(problem: Problem) -> dict:
+    """What the caller writes into padded columns, per [.., V] input: logits get
+    ``pad_value`` (probability exactly 0 after any temperature); LM-head columns get 0,
+    which the core must exclude itself (``valid_v``: a zero column has logit 0 and would
+    count in the normaliser, a known bug class)."""
+    if problem.level == "logits":
+        return {"logits": pad_value(DTYPES[problem.dtype])}
+    return {"lm_head": 0.0}
+
+
+def pad_inputs(problem: Problem, sharding: str, devices: int, arrays: Mapping[str, Any]) -> dict:
+    """The module's inputs from SPEC-shaped ones (numpy): [.., V] arrays padded on their
+    last axis with ``pad_values``. The harness does the same on its side (Rust worker)."""
+    v_pad = module_problem(problem, sharding, devices).v
+    out = dict(arrays)
+    for name, value in pad_values(problem).items():
+        if v_pad != problem.v:
+            import numpy as np
+            a = np.asarray(arrays[name])
+            width = [(0, 0)] * (a.ndim - 1) + [(0, v_pad - problem.v)]
+            out[name] = np.pad(a, width, constant_values=np.asarray(value, a.dtype))
+    return out
+
+
+def crop_outputs(problem: Problem, outputs: Mapping[str, Any]) -> dict:
+    """SPEC-shaped outputs from the module's: [.., V] gradients cut back to V columns.
+    Raises if a padded column got a nonzero gradient (padding leaked into the loss)."""
+    import numpy as np
+    out = dict(outputs)
+    for name in ("dlogits", "dlm_head"):
+        if name in out and np.shape(out[name])[-1] != problem.v:
+            a = np.asarray(out[name])
+            tail = a[..., problem.v:]
+            if np.any(tail != 0):
+                raise AssertionError(f"{name}: padded columns have nonzero gradient "
+                                     f"(max |x| {float(np.max(np.abs(tail.astype(np.float32))))})")
+            out[name] = a[..., :problem.v]
+    return out
 
 
 def shard_axis(spec: P) -> Optional[int]:
@@ -111,54 +161,31 @@ def build(impl: Implementation, problem: Problem, k: Knobs, options: Mapping[str
         local = dataclasses.replace(problem, v=v_pad // n)
     core = impl.per_token(local, k, options)
     # Inside: the (padded) head arrays split evenly on V.
-    in_specs, _ = specs(level, sharding, v_pad, n)
+    in_specs, _ = specs(level, sharding, n)
 
     if sharding == "batch":
         def per_token(*head_ids):
             return jax.shard_map(core, mesh=m, in_specs=tuple(in_specs[:nhead]) + (P(AXIS),),
                                  out_specs=(P(AXIS), P(AXIS)), check_vma=False)(*head_ids)
+    elif level == "fused":
+        per_token = vocab_fused.make(impl, problem, k, options, m, AXIS, n)
     else:
         v_l = v_pad // n
 
-        def shard_stats(*args):
-            *head, ids = args
+        def shard_stats(z, ids):
             off = jax.lax.axis_index(AXIS) * v_l
             y_l = ids - off
             own = (y_l >= 0) & (y_l < v_l)
             y_c = jnp.clip(y_l, 0, v_l - 1)
-            none = jnp.full_like(ids, -1)  # selects no column: the core returns -lse_k
-            if level == "logits":
-                (z,) = head
-                neg_lse, ent = core(z, none)
-                s_y = jnp.take_along_axis(z, y_c[..., None], axis=-1)[..., 0].astype(f32)
-                s_y = s_y / k.temperature
-            else:
-                hidden32, w = head
-                hidden = hidden32.astype(w.dtype)  # the kernel's dtype; see per_token below
-                valid = jnp.clip(v - off, 0, v_l).astype(jnp.int32)
-                neg_lse, ent = core(hidden, w, none, valid)
-                w_y = jnp.take(w, y_c, axis=1)                      # [H, B, T]
-                s_y = _fused_logit(hidden32, jnp.moveaxis(w_y, 0, -1), k, problem)
-            lse_k = -neg_lse
-            c_k = jnp.where(own, s_y, 0.0)
-            return lse_k[None], jax.lax.stop_gradient(ent)[None], c_k[None]
+            neg_lse, ent = core(z, jnp.full_like(ids, -1))  # id -1: the core returns -lse_k
+            s_y = jnp.take_along_axis(z, y_c[..., None], axis=-1)[..., 0].astype(f32)
+            c_k = jnp.where(own, s_y / k.temperature, 0.0)
+            return (-neg_lse)[None], jax.lax.stop_gradient(ent)[None], c_k[None]
 
-        def per_token(*head_ids):
-            *head, ids = head_ids
-            if level == "logits" and v_pad != v:
-                head = [jnp.pad(head[0], ((0, 0), (0, 0), (0, v_pad - v)),
-                                constant_values=pad_value(head[0].dtype))]
-            elif level == "fused":
-                # hidden enters the shards in f32 so that the per-shard dhidden partials
-                # (each rounded once to the input dtype by the core) are summed across
-                # shards in f32, not in bf16 (measured: 8 shards summed in bf16 exceeded
-                # the bf16 tolerance on dhidden by 4%).
-                w = head[1] if v_pad == v else jnp.pad(head[1], ((0, 0), (0, v_pad - v)))
-                head = [head[0].astype(f32), w]
+        def per_token(z, ids):
             lse_k, ent_k, c_k = jax.shard_map(
-                shard_stats, mesh=m,
-                in_specs=tuple(in_specs[:nhead]) + (P(),),
-                out_specs=(P(AXIS), P(AXIS), P(AXIS)), check_vma=False)(*head, ids)
+                shard_stats, mesh=m, in_specs=(in_specs[0], P()),
+                out_specs=(P(AXIS), P(AXIS), P(AXIS)), check_vma=False)(z, ids)
             top = jax.lax.stop_gradient(jnp.max(lse_k, axis=0))
             lse = top + jnp.log(jnp.sum(jnp.exp(lse_k - top), axis=0))
             logp = jnp.sum(c_k, axis=0) - lse
@@ -176,18 +203,8 @@ def build(impl: Implementation, problem: Problem, k: Knobs, options: Mapping[str
 def shardings(problem: Problem, sharding: str, devices: int):
     """(in_shardings, out_shardings) for ``jax.jit``."""
     m = mesh(devices)
-    ins, outs = specs(problem.level, sharding, problem.v, devices)
+    ins, outs = specs(problem.level, sharding, devices)
     return (tuple(NamedSharding(m, s) for s in ins), tuple(NamedSharding(m, s) for s in outs))
-
-
-def _fused_logit(hidden, w_cols, k: Knobs, problem: Problem):
-    """s = round?(hidden · w) / τ with one LM-head column per token ([B, T, H] · [B, T, H])."""
-    z = jnp.einsum("bth,bth->bt", hidden.astype(f32), w_cols.astype(f32),
-                   precision=jax.lax.Precision.HIGHEST)
-    if k.logits_dtype == "input" and problem.dtype != "f32":
-        from .baseline import round_to
-        z = round_to(z, w_cols.dtype)
-    return z / k.temperature
 
 
 def _local_normaliser_loss(logp, old_logp, ref_logp, advantages, mask, k, n):

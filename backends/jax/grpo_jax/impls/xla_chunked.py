@@ -77,8 +77,8 @@ def _loop(pieces, body, carry):
 
 def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, chunk_vocab,
                       precision, vocab_major, dynamic_valid=False):
-    """(hidden2 [N, H], w, ids [N]) -> (logp [N], entropy [N]) with SPEC's VJP (entropy
-    carries no gradient). ``w`` is lm_head [H, V], or its transpose [V, H] when
+    """(hidden2 [N, H], w, ids [N], valid) -> (logp [N], entropy [N], lse [N]) with SPEC's
+    VJP in logp and lse's own (entropy carries no gradient). ``w`` is lm_head [H, V], or its transpose [V, H] when
     ``vocab_major`` (the LM head's physical order on TPU for some V: see Layout)."""
     tok_pieces = _pieces(n, chunk_tokens)
     voc_pieces = _pieces(v, chunk_vocab)
@@ -88,7 +88,7 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
     dims = (((1,), (1 - vax,)), ((), ()))
 
     def scaled(h, w):
-        z = jax.lax.dot_general(h, w, dims, preferred_element_type=f32, precision=precision)
+        z = jax.lax.dot_general(h.astype(w.dtype), w, dims, preferred_element_type=f32, precision=precision)
         if logits_dtype == "input":
             z = round_to(z, dtype)
         return z / tau
@@ -129,16 +129,17 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
 
     @jax.custom_vjp
     def logp_entropy(hidden, lm_head, ids, valid):
-        _, logp, ent = forward(hidden, lm_head, ids, valid)
-        return logp, ent
+        lse, logp, ent = forward(hidden, lm_head, ids, valid)
+        return logp, ent, lse
 
     def fwd_rule(hidden, lm_head, ids, valid):
         lse, logp, ent = forward(hidden, lm_head, ids, valid)
-        return (logp, ent), (hidden, lm_head, ids, valid, lse)
+        return (logp, ent, lse), (hidden, lm_head, ids, valid, lse)
 
     def bwd_rule(res, cts):
         hidden, lm_head, ids, valid, lse = res
         g = cts[0].astype(f32)  # entropy's cotangent is ignored (a metric)
+        gp = g - cts[2].astype(f32)  # softmax's coefficient: lse's cotangent enters here
         hdim = hidden.shape[1]
 
         def vocab_chunk(carry, v0, vn):
@@ -151,10 +152,11 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
                 y = jax.lax.dynamic_slice_in_dim(ids, t0, tn, 0)
                 lse_c = jax.lax.dynamic_slice_in_dim(lse, t0, tn, 0)
                 g_c = jax.lax.dynamic_slice_in_dim(g, t0, tn, 0)
+                gp_c = jax.lax.dynamic_slice_in_dim(gp, t0, tn, 0)
                 s = scaled(h, w)
                 col = v0 + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
                 onehot = (col == y[:, None]).astype(f32)
-                dz = g_c[:, None] * (onehot - jnp.exp(s - lse_c[:, None])) / tau
+                dz = (g_c[:, None] * onehot - gp_c[:, None] * jnp.exp(s - lse_c[:, None])) / tau
                 if valid is not None:  # padding columns: no gradient (and w may be 0 there)
                     dz = jnp.where(col < valid, dz, 0.0)
                 hf, wf = h.astype(f32), w.astype(f32)
@@ -198,8 +200,9 @@ def _validate_options(options: Mapping[str, Any]) -> None:
 
 
 def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
-    """(hidden [B, T, H], lm_head [H, V], ids [B, T], valid_v=None) -> (logp, entropy)
-    [B, T]; columns >= valid_v (a traced count) are padding."""
+    """(hidden [B, T, H], lm_head [H, V], ids [B, T], valid_v=None, with_lse=False) ->
+    (logp, entropy[, lse]) [B, T]; columns >= valid_v (a traced count) are padding; lse
+    (the row's logsumexp) is differentiable too when asked for."""
     if problem.level != "fused":
         raise ValueError("xla_chunked implements the fused level only")
     _validate_options(options)
@@ -218,12 +221,13 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
         chunk_tokens=options["chunk_tokens"], chunk_vocab=options["chunk_vocab"],
         precision=precision, vocab_major=vocab_major, dynamic_valid=True)
 
-    def f(hidden, lm_head, chosen_ids, valid_v=None):
+    def f(hidden, lm_head, chosen_ids, valid_v=None, with_lse=False):
         # lm_head.T is a bitcast when [V][H] is its physical order (no copy).
         w = lm_head.T if vocab_major else lm_head
-        logp, ent = kernel(hidden.reshape(n, h), w, chosen_ids.reshape(n).astype(jnp.int32),
-                           valid_v)
-        return logp.reshape(b, t), jax.lax.stop_gradient(ent.reshape(b, t))
+        logp, ent, lse = kernel(hidden.reshape(n, h), w,
+                                chosen_ids.reshape(n).astype(jnp.int32), valid_v)
+        out = (logp.reshape(b, t), jax.lax.stop_gradient(ent.reshape(b, t)))
+        return out + (lse.reshape(b, t),) if with_lse else out
     return f
 
 
