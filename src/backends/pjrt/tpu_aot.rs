@@ -26,6 +26,9 @@ pub const SKIP_METADATA: (&str, &str) = ("TPU_SKIP_MDS_QUERY", "1");
 
 /// The XLA option that turns memory-space assignment off: every buffer stays in HBM.
 pub const HBM_ONLY_OPTION: &str = "xla_msa_enable";
+/// Environment variable: a directory where the HBM-only compile writes XLA's HLO dumps
+/// (`*buffer-assignment.txt` lists every buffer and what is live at the peak).
+pub const DUMP_ENV: &str = "GRPO_TPU_DUMP_TO";
 
 /// libtpu lets one process at a time load it (a lockfile in /tmp), which is right for
 /// chips but wrong for deviceless compiles: tests and runs in parallel processes would
@@ -170,6 +173,12 @@ impl TpuAot {
         let with_vmem = memory_of(&exe, "").and_then(|m| m.peak_bytes);
         let mut hbm_only = options.clone();
         hbm_only.option_overrides.push((HBM_ONLY_OPTION.into(), OptionOverrideValue::BoolField(false)));
+        if let Some(dir) = std::env::var_os(DUMP_ENV) {
+            // Debugging where the HBM goes: XLA's HLO dumps (buffer assignment included)
+            // of the HBM-only compile.
+            hbm_only.option_overrides.push(("xla_dump_to".into(), OptionOverrideValue::StringField(dir.to_string_lossy().into())));
+            hbm_only.option_overrides.push(("xla_dump_hlo_as_text".into(), OptionOverrideValue::BoolField(true)));
+        }
         let exe_hbm = topo
             .compile(&program, &hbm_only)
             .map_err(|e| anyhow!("TPU compile for {} with {HBM_ONLY_OPTION}=false failed: {e}", self.topology))?;
