@@ -7,6 +7,7 @@ use crate::cases::Case;
 use crate::gates::{self, GateReport};
 use crate::inputs::Inputs;
 use crate::oracle::Oracle;
+use crate::outputs::Outputs;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -152,8 +153,29 @@ pub struct TrialOutcome {
     pub cost: Option<std::collections::BTreeMap<String, f64>>,
     /// Free-form detail (golden diffs, which case caught a should-fail variant).
     pub detail: Option<String>,
+    /// Multi-device runs on an executing backend: the same implementation on one device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invariance: Option<Invariance>,
     /// Wall time of the whole trial (inputs, oracle, run, gates), seconds.
     pub wall_s: f64,
+}
+
+/// The invariance check of a multi-device trial: the same implementation run on one
+/// device on the same inputs, its own gates against the oracle, and the multi-device
+/// outputs against it ([`gates::judge_invariance`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Invariance {
+    /// The one-device run's gates against the oracle.
+    pub one_device_gates: Vec<GateReport>,
+    /// The multi-device outputs against the one-device outputs.
+    pub gates: Vec<GateReport>,
+}
+
+impl Invariance {
+    /// Whether both the one-device run and the comparison pass.
+    pub fn passed(&self) -> bool {
+        self.one_device_gates.iter().chain(&self.gates).all(|g| g.passed)
+    }
 }
 
 impl TrialOutcome {
@@ -172,6 +194,7 @@ impl TrialOutcome {
             memory: None,
             cost: None,
             detail: None,
+            invariance: None,
             wall_s: 0.0,
         }
     }
@@ -192,6 +215,10 @@ impl TrialOutcome {
     /// The failures as text (one line per failing gate, the budget, the error or reason).
     pub fn failure_text(&self) -> String {
         let mut lines: Vec<String> = self.gates.iter().filter(|g| !g.passed).map(|g| g.message.clone()).collect();
+        if let Some(inv) = &self.invariance {
+            lines.extend(inv.one_device_gates.iter().filter(|g| !g.passed).map(|g| format!("one-device run: {}", g.message)));
+            lines.extend(inv.gates.iter().filter(|g| !g.passed).map(|g| format!("invariance: {}", g.message)));
+        }
         if let Some(b) = self.budget.as_ref().filter(|b| !b.passed) {
             lines.push(b.message.clone());
         }
@@ -285,7 +312,15 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
             out.memory = res.memory;
             out.cost = res.cost;
             match (res.outputs, prep) {
-                (Some(outputs), Some(p)) => out.gates = gates::judge(case, &p.inputs, &p.oracle, &outputs),
+                (Some(outputs), Some(p)) => {
+                    out.gates = gates::judge(case, &p.inputs, &p.oracle, &outputs);
+                    if case.devices > 1 {
+                        match invariance(backend, implementation, case, p, &outputs, opts) {
+                            Ok(inv) => out.invariance = Some(inv),
+                            Err(e) => out.verdict = Verdict::Error(format!("the one-device run for the invariance check: {e:#}")),
+                        }
+                    }
+                }
                 (Some(_), None) => {
                     out.verdict = Verdict::Error("internal: outputs without a prepared oracle".into());
                 }
@@ -298,7 +333,7 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
                     Err(e) => out.verdict = Verdict::Error(e),
                 }
             }
-            let gates_failed = out.gates.iter().any(|g| !g.passed);
+            let gates_failed = out.gates.iter().any(|g| !g.passed) || out.invariance.as_ref().is_some_and(|i| !i.passed());
             let budget_failed = out.budget.as_ref().is_some_and(|b| !b.passed);
             if out.verdict == Verdict::Pass && (gates_failed || budget_failed) {
                 out.verdict = Verdict::Fail;
@@ -307,6 +342,18 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
     }
     out.wall_s = t0.elapsed().as_secs_f64();
     out
+}
+
+/// Runs `case`'s one-device twin (same data, `devices: 1`) of `implementation` on
+/// `backend` and judges the multi-device `outputs` against it.
+fn invariance(backend: &dyn Backend, implementation: &str, case: &Case, p: &Prepared, outputs: &Outputs, opts: &RunOptions) -> anyhow::Result<Invariance> {
+    let twin = case.one_device_twin();
+    let res = backend.run(implementation, &twin, &p.inputs, opts)?;
+    let one = res.outputs.ok_or_else(|| anyhow::anyhow!("the backend returned no outputs"))?;
+    Ok(Invariance {
+        one_device_gates: gates::judge(&twin, &p.inputs, &p.oracle, &one),
+        gates: gates::judge_invariance(case, &p.inputs, &p.oracle, outputs, &one),
+    })
 }
 
 #[cfg(test)]

@@ -91,6 +91,12 @@ impl Case {
         }
     }
 
+    /// The same case on one device (the reference of a multi-device case's invariance
+    /// check): same data, id [`Case::data_id`].
+    pub fn one_device_twin(&self) -> Case {
+        Case { id: self.data_id().to_string(), devices: 1, sharding: None, ..self.clone() }
+    }
+
     fn data_id_base(&self) -> String {
         let k = &self.knobs;
         let level = match self.level {

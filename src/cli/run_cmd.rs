@@ -442,6 +442,12 @@ fn print_table(outcomes: &[TrialOutcome]) {
             // Outputs the implementation does not produce are never gated: say so here.
             let missing: Vec<String> = o.gates.iter().filter(|g| !g.provided).map(|g| g.output.to_string()).collect();
             let worst = if missing.is_empty() { worst } else { format!("{worst} ({} not provided)", missing.join(", ")) };
+            // Multi-device trials: whether the outputs equal the one-device run's.
+            let worst = match &o.invariance {
+                Some(inv) if inv.passed() => format!("{worst}, = 1 device"),
+                Some(_) => format!("{worst}, ≠ 1 device"),
+                None => worst,
+            };
             let peak = o.memory.as_ref().and_then(|m| m.peak_bytes).map_or("-".into(), |b| format!("{:.1}MiB", b as f64 / (1 << 20) as f64));
             let time = match o.timing.as_ref() {
                 Some(t) if t.runs_s.is_empty() => t.compile_s.map_or("-".into(), |c| format!("compile {}", fmt_s(Some(c)))),

@@ -6,6 +6,7 @@
 //! otherwise). Rows whose ratio sits within `oracle::EDGE_BAND` of a branch edge accept
 //! either branch's gradient.
 
+pub mod invariance;
 pub mod tiers;
 
 use crate::cases::Case;
@@ -15,6 +16,7 @@ use crate::outputs::{OutTensor, Outputs};
 use crate::spec::{Level, OutputName};
 use rayon::prelude::*;
 use serde::Serialize;
+pub use invariance::judge_invariance;
 pub use tiers::{tolerance, Tolerance};
 
 /// The verdict of one output.

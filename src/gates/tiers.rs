@@ -6,8 +6,8 @@
 //!   `floor` adds an absolute allowance proportional to the magnitude each value is
 //!   computed from (the oracle's per-element scale): an f32 kernel cannot resolve an
 //!   entropy of 1e-7 next to a logsumexp of 25. 1e-5 ≈ 170 f32 ulps.
-//! - Gradients come back in the input dtype: bf16 rounding alone is up to 2^-9 ≈ 2e-3 per
-//!   element, f16 2^-11 ≈ 5e-4, so their tiers sit a factor ~4 above that. Their floor
+//! - Gradients come back in the input dtype: bf16 rounding alone is up to 2^-8 ≈ 3.9e-3 per
+//!   element, f16 2^-11 ≈ 4.9e-4, so their tiers sit a factor 2 (bf16) and 4 (f16) above. Their floor
 //!   covers the f32 arithmetic before the rounding, e.g. 1 − p_y when p_y ≈ 1 (see
 //!   `oracle::row::gradient` for the per-element scale).
 //! - `clipped` is exact away from the branch edges (see `oracle::EDGE_BAND`).

@@ -230,15 +230,22 @@ pub fn join_shards(parts: &[Vec<u8>], part_dims: &[i64], item: usize, axis: usiz
     out
 }
 
+/// The one-line error for a module partitioned over more devices than the client has:
+/// on XLA:CPU the fix is the backend's `cpu_device_count`, on a TPU VM a larger slice.
+pub fn too_few_devices(n: usize, have: usize, platform_label: &str) -> String {
+    if platform_label.starts_with("XLA:CPU") {
+        format!("the module is partitioned over {n} devices but the PJRT client has {have} (raise the backend's cpu_device_count to {n})")
+    } else {
+        format!("the module is partitioned over {n} devices but this machine's PJRT client has {have} ({platform_label}): run the case on a slice with at least {n} chips, or filter it out (--filter)")
+    }
+}
+
 fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: &Job, platform_label: &str) -> Result<JobResult> {
     let m = &job.manifest;
     let n = m.num_partitions.max(1);
     let devices = client.addressable_devices()?;
     if devices.len() < n {
-        bail!(
-            "the module is partitioned over {n} devices but the PJRT client has {} (raise the backend's cpu_device_count to {n})",
-            devices.len()
-        );
+        bail!("{}", too_few_devices(n, devices.len(), platform_label));
     }
     let ids: Vec<i64> = devices.iter().map(|d| d.id().map(i64::from)).collect::<std::result::Result<_, _>>()?;
     let mut timing = Timing::default();
@@ -377,6 +384,8 @@ mod tests {
         }
         // Element [1, 2, 5] of the last-axis split into 4: shard 2 (columns 4..6), column 1.
         let (_, p) = shard_bytes(&dims, &bytes, 1, 2, 4, 2).unwrap();
+        assert!(too_few_devices(4, 1, "XLA:CPU (host memory)").contains("cpu_device_count to 4"));
+        assert!(too_few_devices(8, 4, "TPU v6e").contains("at least 8 chips"));
         // Padding on the last axis, then cropping back, round-trips; the cut part is checked.
         let (pd, padded) = pad_axis(&[2, 3], &[1, 2, 3, 4, 5, 6], &[0], 1, 5);
         assert_eq!((pd, padded.clone()), (vec![2, 5], vec![1, 2, 3, 0, 0, 4, 5, 6, 0, 0]));
