@@ -17,9 +17,12 @@
 //! ρ = 2⁻⁴⁰·|x̃| + 2⁻⁸⁰·s̃ + 2⁻¹⁰²² (s̃ = √(−2 ln u₁) as approximated, at most 8.6; the
 //! last term only matters for x̃ = ±0, which happens when u₁ rounds to 1). With u = 2⁻⁵³:
 //!
-//! - **Uniforms** u₁, u₂ and t = fl(2π·u₂) are computed by the same IEEE operations as
-//!   [`Stream::normal`]: identical bits. Both paths then approximate the real
-//!   X = √(−2 ln u₁)·cos t.
+//! - **Uniforms** u₁, u₂ and t = fl(2π·u₂) have the bits [`Stream::normal`] computes:
+//!   the same integer operations, then (a + ½)·2⁻⁵³ for the 53-bit integer a as one
+//!   rounding of a·2⁻⁵³ + 2⁻⁵⁴ (a·2⁻⁵³ is exact, and scaling by a power of two commutes
+//!   with rounding above the subnormals, so this is fl(a + ½)·2⁻⁵³ exactly; see
+//!   `uniform_has_the_streams_bits`), and the same product 2π·u₂. Both paths then
+//!   approximate the real X = √(−2 ln u₁)·cos t.
 //! - **The scalar path**: libm's `ln` and `cos`, `sqrt` (correctly rounded) and the product.
 //!   With libm errors of at most 2¹⁰ ulp each (glibc documents ≤ 1 ulp for both on
 //!   x86-64), its relative error is below 2¹⁰·u/2 + u + 2¹⁰·u + u < 2.3·10⁻¹³.
@@ -135,19 +138,27 @@ fn mix64(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// [`Stream::uniform`] of raw counter bits (the same operations).
+/// [`Stream::uniform`] of raw counter bits: the same bits, with one multiply-add instead
+/// of an add and a multiply (module docs).
 #[inline(always)]
-fn uniform(key: u64, c: u64) -> f64 {
+fn uniform<const FMA: bool>(key: u64, c: u64) -> f64 {
     let bits = mix64(key.wrapping_add(c.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-    ((bits >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)
+    unit_of_bits::<FMA>(bits >> 11)
+}
+
+/// (a + ½)·2⁻⁵³ rounded as `Stream::uniform` rounds it, for a < 2⁵³: a·2⁻⁵³ is exact, so
+/// a fused or unfused a·2⁻⁵³ + 2⁻⁵⁴ rounds once, to fl(a + ½)·2⁻⁵³.
+#[inline(always)]
+fn unit_of_bits<const FMA: bool>(a: u64) -> f64 {
+    madd::<FMA>(a as f64, 1.0 / (1u64 << 53) as f64, 1.0 / (1u64 << 54) as f64)
 }
 
 /// An approximation x̃ of `Stream::normal(i)` for the stream with `key`, and a radius
 /// ρ with |x̃ − Stream::normal(i)| < ρ (module docs).
 #[inline(always)]
 fn approx<const FMA: bool>(key: u64, i: u64) -> (f64, f64) {
-    let u1 = uniform(key, i.wrapping_mul(2));
-    let u2 = uniform(key, i.wrapping_mul(2).wrapping_add(1));
+    let u1 = uniform::<FMA>(key, i.wrapping_mul(2));
+    let u2 = uniform::<FMA>(key, i.wrapping_mul(2).wrapping_add(1));
     let s = (-2.0 * ln_unit::<FMA>(u1)).sqrt();
     let c = cos_turn::<FMA>(std::f64::consts::TAU * u2);
     let x = s * c;
@@ -303,6 +314,29 @@ mod tests {
             assert!((a - b).abs() <= 4.5e-14 * b.abs() + 4.2e-26, "cos {t:e}: {a:e} vs {b:e}");
             let a = cos_turn::<false>(t);
             assert!((a - b).abs() <= 4.5e-14 * b.abs() + 4.2e-26, "cos (no fma) {t:e}: {a:e} vs {b:e}");
+        }
+    }
+
+    /// The multiply-add form of the uniforms gives `Stream::uniform`'s bits: at the
+    /// integers where a + ½ is a tie (a ≥ 2⁵²) or exact, at both ends, and along a stream.
+    #[test]
+    fn uniform_has_the_streams_bits() {
+        let reference = |a: u64| (a as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
+        let top = (1u64 << 53) - 1;
+        let mut edges: Vec<u64> = vec![0, 1, 2, 3, top, top - 1, top - 2];
+        for k in 0..1000u64 {
+            edges.extend([(1 << 52) + k, (1 << 52) - 1 - k, top - 1000 - k, k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11]);
+        }
+        for a in edges {
+            let want = reference(a).to_bits();
+            assert_eq!(unit_of_bits::<true>(a).to_bits(), want, "fma, a = {a}");
+            assert_eq!(unit_of_bits::<false>(a).to_bits(), want, "no fma, a = {a}");
+        }
+        let st = Stream::new("uniform", "x");
+        for c in 0..1_000_000u64 {
+            let want = st.uniform(c).to_bits();
+            assert_eq!(uniform::<true>(st.key(), c).to_bits(), want, "counter {c}");
+            assert_eq!(uniform::<false>(st.key(), c).to_bits(), want, "counter {c}");
         }
     }
 

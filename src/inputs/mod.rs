@@ -4,7 +4,9 @@
 //! in the case dtype (bf16/f16 rounding happens once, here), so the oracle and every
 //! backend see the same numbers.
 
+pub mod buffer;
 pub mod fast_normal;
+pub mod logits;
 pub mod rng;
 pub mod round;
 mod tensors;
@@ -75,8 +77,29 @@ pub struct GenerationCounts {
     pub fallbacks: u64,
 }
 
-/// `out[i] = dt.round(map(stream.normal(i), i))` in parallel chunks; returns the fallback
-/// count. (The rounding is part of the map the fast path checks, [`round`] on that path.)
+/// `out[j] = dt.round(map(stream.normal(start + j), start + j))` by `path`; returns the
+/// fallback count. (The rounding is part of the map the fast path checks, [`round`] on
+/// that path.)
+fn fill_normals(
+    out: &mut [f32],
+    stream: &Stream,
+    start: u64,
+    path: NormalPath,
+    dt: DType,
+    map: impl Fn(f64, u64) -> f32,
+) -> u64 {
+    (match (path, dt) {
+        (NormalPath::Fast, DType::F32) => fast_normal::fill(stream, start, out, &map),
+        (NormalPath::Fast, DType::Bf16) => fast_normal::fill(stream, start, out, |x, i| round::bf16(map(x, i))),
+        (NormalPath::Fast, DType::F16) => fast_normal::fill(stream, start, out, |x, i| round::f16(map(x, i))),
+        (NormalPath::Exact, _) => {
+            fast_normal::fill_exact(stream, start, out, |x, i| dt.round(map(x, i)));
+            0
+        }
+    }) as u64
+}
+
+/// [`fill_normals`] of a whole tensor (from element 0) in parallel chunks.
 fn fill_normals_par(
     out: &mut [f32],
     stream: &Stream,
@@ -87,19 +110,41 @@ fn fill_normals_par(
     const CHUNK: usize = 1 << 16;
     out.par_chunks_mut(CHUNK)
         .enumerate()
-        .map(|(c, chunk)| {
-            let start = (c * CHUNK) as u64;
-            (match (path, dt) {
-                (NormalPath::Fast, DType::F32) => fast_normal::fill(stream, start, chunk, &map),
-                (NormalPath::Fast, DType::Bf16) => fast_normal::fill(stream, start, chunk, |x, i| round::bf16(map(x, i))),
-                (NormalPath::Fast, DType::F16) => fast_normal::fill(stream, start, chunk, |x, i| round::f16(map(x, i))),
-                (NormalPath::Exact, _) => {
-                    fast_normal::fill_exact(stream, start, chunk, |x, i| dt.round(map(x, i)));
-                    0
-                }
-            }) as u64
-        })
+        .map(|(c, chunk)| fill_normals(chunk, stream, (c * CHUNK) as u64, path, dt, &map))
         .sum()
+}
+
+/// Standard deviation of the differentiable input's deviates under `profile`.
+fn sigma(profile: DataProfile) -> f64 {
+    match profile {
+        DataProfile::Normal(sd) => sd,
+        DataProfile::Zeros => 0.0,
+        DataProfile::Large => 30.0,
+        _ => 1.0,
+    }
+}
+
+/// The [B,T] completion mask of `case` (its own stream: independent of the other inputs).
+fn completion_mask(case: &Case) -> Vec<f32> {
+    let s = case.shape;
+    let rows = s.rows();
+    let sm = Stream::new(case.data_id(), "mask");
+    let mut mask = vec![1f32; rows];
+    for b in 0..s.b {
+        let pad = (sm.uniform((rows + b) as u64) * (s.t as f64 / 2.0)).floor() as usize;
+        for t in 0..s.t {
+            let i = b * s.t + t;
+            let keep = match case.mask {
+                MaskPattern::All => true,
+                MaskPattern::Random | MaskPattern::RandomHostile => sm.uniform(i as u64) < 0.8,
+                MaskPattern::ZeroRow => b != 0 && sm.uniform(i as u64) < 0.8,
+                MaskPattern::LeftPad => t >= pad,
+                MaskPattern::RightPad | MaskPattern::RightPadNeginf => t < s.t - pad,
+            };
+            mask[i] = if keep { 1.0 } else { 0.0 };
+        }
+    }
+    mask
 }
 
 impl Inputs {
@@ -139,42 +184,19 @@ impl Inputs {
             chosen_ids[1] = 0;
         }
 
-        let (mut logits, mut hidden, mut lm_head) = (Vec::new(), Vec::new(), Vec::new());
-        let sigma = match case.profile {
-            DataProfile::Normal(sd) => sd,
-            DataProfile::Zeros => 0.0,
-            DataProfile::Large => 30.0,
-            _ => 1.0,
-        };
-        // Each element is a monotone map of its deviate, dtype rounding included (what
-        // `fast_normal::fill` needs); the spike is added to the chosen logit's f32 before
-        // its rounding, as it always was.
+        let mask = completion_mask(case);
         let mut counts = GenerationCounts::default();
+        let (mut logits, mut hidden, mut lm_head) = (Vec::new(), Vec::new(), Vec::new());
+        // Logits level: the statistics come with the rows (see `logits::fill`).
+        let mut stats = None;
         match case.level {
             Level::Logits => {
-                logits = vec![0f32; rows * s.v];
-                let st = Stream::new(id, "logits");
-                let sg = Stream::new(id, "logits_sign");
-                counts.fallbacks = match case.profile {
-                    DataProfile::Zeros => 0,
-                    DataProfile::Large => {
-                        counts.normals = logits.len() as u64;
-                        fill_normals_par(&mut logits, &st, path, dt, |x, i| {
-                            let sign = if sg.bits(i) & 1 == 0 { 1.0 } else { -1.0 };
-                            (sign * 30.0 + x) as f32
-                        })
-                    }
-                    _ => {
-                        counts.normals = logits.len() as u64;
-                        fill_normals_par(&mut logits, &st, path, dt, |x, _| (sigma * x) as f32)
-                    }
-                };
-                if case.profile == DataProfile::Spike {
-                    // The chosen logit: +SPIKE on the f32, then the dtype rounding.
-                    for (r, &y) in chosen_ids.iter().enumerate() {
-                        let i = r * s.v + y as usize;
-                        logits[i] = dt.round((sigma * st.normal(i as u64)) as f32 + SPIKE);
-                    }
+                logits = buffer::zeroed_f32(rows * s.v);
+                let (st, fallbacks) = logits::fill(case, &chosen_ids, &mask, path, &mut logits);
+                stats = Some(st);
+                counts.fallbacks = fallbacks;
+                if case.profile != DataProfile::Zeros {
+                    counts.normals = logits.len() as u64;
                 }
             }
             Level::Fused => {
@@ -184,39 +206,12 @@ impl Inputs {
                 counts.fallbacks += fill_normals_par(&mut hidden, &sh, path, dt, |x, _| x as f32);
                 lm_head = vec![0f32; h * s.v];
                 let sw = Stream::new(id, "lm_head");
-                let scale = sigma / (h as f64).sqrt();
+                let scale = sigma(case.profile) / (h as f64).sqrt();
                 counts.fallbacks += fill_normals_par(&mut lm_head, &sw, path, dt, |x, _| (scale * x) as f32);
                 counts.normals = (hidden.len() + lm_head.len()) as u64;
-            }
-        }
-
-        let sm = Stream::new(id, "mask");
-        let mut mask = vec![1f32; rows];
-        for b in 0..s.b {
-            let pad = (sm.uniform((rows + b) as u64) * (s.t as f64 / 2.0)).floor() as usize;
-            for t in 0..s.t {
-                let i = b * s.t + t;
-                let keep = match case.mask {
-                    MaskPattern::All => true,
-                    MaskPattern::Random | MaskPattern::RandomHostile => sm.uniform(i as u64) < 0.8,
-                    MaskPattern::ZeroRow => b != 0 && sm.uniform(i as u64) < 0.8,
-                    MaskPattern::LeftPad => t >= pad,
-                    MaskPattern::RightPad | MaskPattern::RightPadNeginf => t < s.t - pad,
-                };
-                mask[i] = if keep { 1.0 } else { 0.0 };
-            }
-        }
-
-        // Hostile data where the mask is 0 (it must not matter): logits far from the rest.
-        if case.mask == MaskPattern::RandomHostile {
-            for i in (0..rows).filter(|&i| mask[i] == 0.0) {
-                match case.level {
-                    Level::Logits => {
-                        let j = i * s.v + chosen_ids[i] as usize;
-                        logits[j] = dt.round(logits[j] + HOSTILE_LOGIT_BUMP);
-                    }
-                    Level::Fused => {
-                        let h = s.h.expect("validated: fused has h");
+                // Hostile data where the mask is 0 (it must not matter): large hidden rows.
+                if case.mask == MaskPattern::RandomHostile {
+                    for i in (0..rows).filter(|&i| mask[i] == 0.0) {
                         for x in &mut hidden[i * h..(i + 1) * h] {
                             *x = dt.round(*x * HOSTILE_HIDDEN_SCALE);
                         }
@@ -248,7 +243,7 @@ impl Inputs {
             advantages,
             mask,
         };
-        let stats = oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK);
+        let stats = stats.unwrap_or_else(|| oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK));
         let so = Stream::new(id, "old_logp");
         let sr = Stream::new(id, "ref_logp");
         let k = &case.knobs;
@@ -390,15 +385,29 @@ mod tests {
     }
 
     /// The statistics `generate_with_stats` hands on (to `Prepared`, instead of a second
-    /// forward pass) are the oracle's forward pass on the finished inputs, bit for bit.
+    /// forward pass) are the oracle's forward pass on the finished inputs, bit for bit: at
+    /// the logits level (computed row by row during generation, after the spike and the
+    /// hostile bump) for every profile, in each dtype, at a temperature other than 1, and
+    /// at the fused level (the forward pass after generation).
     #[test]
     fn generation_stats_are_the_oracle_forward() {
-        for fixed in ["b: 2, t: 16, v: 3000, mask: random_hostile, profile: spike", "level: fused, b: 2, t: 8, h: 32, v: 2049, dtype: bf16"] {
+        let cases = [
+            "b: 2, t: 16, v: 3000, mask: random_hostile, profile: spike",
+            "b: 2, t: 16, v: 3000, mask: random_hostile, profile: spike, dtype: bf16, temperature: 0.7",
+            "b: 3, t: 8, v: 2049, mask: right_pad_neginf, profile: large, dtype: f16, temperature: 1.3",
+            "b: 1, t: 8, v: 4097, profile: zeros",
+            "b: 1, t: 8, v: 5000, profile: normal0.01, mask: left_pad",
+            "level: fused, b: 2, t: 8, h: 32, v: 2049, dtype: bf16",
+        ];
+        for fixed in cases {
             let c = parse_fixed(fixed).unwrap();
             let (x, st) = Inputs::generate_with_stats(&c);
+            let (_, exact, _) = Inputs::build(&c, NormalPath::Exact);
             let want = oracle::forward(&c, &x, oracle::DEFAULT_CHUNK);
-            for (a, b) in [(&st.lse, &want.lse), (&st.logp, &want.logp), (&st.entropy, &want.entropy), (&st.abs_max, &want.abs_max)] {
-                assert!(a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()) && a.len() == b.len(), "{}", c.id);
+            for got in [&st, &exact] {
+                for (a, b) in [(&got.lse, &want.lse), (&got.logp, &want.logp), (&got.entropy, &want.entropy), (&got.abs_max, &want.abs_max)] {
+                    assert!(a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()) && a.len() == b.len(), "{}", c.id);
+                }
             }
         }
     }

@@ -47,6 +47,18 @@ pub struct TokenStats {
     pub abs_max: Vec<f64>,
 }
 
+impl TokenStats {
+    /// The statistics of every row, in row order, from each row's [`row::RowStats`].
+    pub fn from_rows(rows: &[row::RowStats]) -> TokenStats {
+        TokenStats {
+            lse: rows.iter().map(|s| s.lse).collect(),
+            logp: rows.iter().map(|s| s.logp).collect(),
+            entropy: rows.iter().map(|s| s.entropy).collect(),
+            abs_max: rows.iter().map(|s| s.abs_max).collect(),
+        }
+    }
+}
+
 /// Fills `buf` with the f64 logits row `r` of a fused case (hidden[r] @ lm_head), rounded
 /// as the `logits_dtype` knob says.
 pub fn fused_logits_row(case: &Case, inputs: &Inputs, r: usize, buf: &mut [f64]) {
@@ -102,12 +114,7 @@ pub fn forward(case: &Case, inputs: &Inputs, chunk: usize) -> TokenStats {
             .flatten()
             .collect(),
     };
-    TokenStats {
-        lse: per_row.iter().map(|s| s.lse).collect(),
-        logp: per_row.iter().map(|s| s.logp).collect(),
-        entropy: per_row.iter().map(|s| s.entropy).collect(),
-        abs_max: per_row.iter().map(|s| s.abs_max).collect(),
-    }
+    TokenStats::from_rows(&per_row)
 }
 
 /// Every SPEC output of a case (gradients on demand), plus what the gates need to judge
