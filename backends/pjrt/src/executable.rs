@@ -248,6 +248,42 @@ impl Executable {
             properties: unsafe { from_raw_list(args.properties, args.num_properties) },
         }))
     }
+
+    /// The optimized program (`PJRT_Executable_OptimizedProgram`): (format, bytes), e.g.
+    /// ("hlo", a serialized `HloModuleProto`); `Ok(None)` if the plugin does not implement
+    /// it.
+    pub fn optimized_program(&self) -> Result<Option<(String, Vec<u8>)>> {
+        const FORMAT: &[u8] = b"hlo";
+        let mut program = ffi::PJRT_Program {
+            struct_size: ffi::PJRT_Program_STRUCT_SIZE as usize,
+            format: FORMAT.as_ptr().cast(),
+            format_size: FORMAT.len(),
+            ..Default::default()
+        };
+        let mut args = ffi::PJRT_Executable_OptimizedProgram_Args {
+            struct_size: ffi::PJRT_Executable_OptimizedProgram_Args_STRUCT_SIZE as usize,
+            executable: self.raw,
+            program: &mut program,
+            ..Default::default()
+        };
+        // First call: the size; second: the bytes into our buffer.
+        if optional(pjrt_call!(&self.plugin, PJRT_Executable_OptimizedProgram, &mut args))?.is_none() {
+            return Ok(None);
+        }
+        let mut code = vec![0u8; program.code_size];
+        program.code = code.as_mut_ptr().cast();
+        args.program = &mut program;
+        pjrt_call!(&self.plugin, PJRT_Executable_OptimizedProgram, &mut args)?;
+        // SAFETY: the plugin owns the format string and reports its length.
+        let format = if program.format.is_null() {
+            String::new()
+        } else {
+            let f = unsafe { std::slice::from_raw_parts(program.format.cast::<u8>(), program.format_size) };
+            String::from_utf8_lossy(f).into_owned()
+        };
+        code.truncate(program.code_size);
+        Ok(Some((format, code)))
+    }
 }
 
 impl Drop for Executable {

@@ -13,6 +13,7 @@
 #![warn(missing_docs)]
 
 pub mod ffi;
+pub mod hlo;
 pub mod proto;
 
 mod buffer;

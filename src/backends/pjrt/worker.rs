@@ -358,12 +358,28 @@ pub fn memory_of(exe: &grpo_pjrt::Executable, source: &str) -> Option<Memory> {
 
 /// The cost analysis properties the records keep.
 pub fn cost_of(exe: &grpo_pjrt::Executable) -> Option<std::collections::BTreeMap<String, f64>> {
-    exe.cost_analysis().ok().flatten().map(|c| {
+    let mut cost: Option<std::collections::BTreeMap<String, f64>> = exe.cost_analysis().ok().flatten().map(|c| {
         ["flops", "transcendentals", "bytes accessed", "optimal_seconds", "utilization"]
             .iter()
             .filter_map(|k| c.get_f64(k).map(|v| (k.to_string(), v)))
             .collect()
-    })
+    });
+    // Multi-device modules: the collectives the partitioner inserted, from the compiled
+    // HLO (the cost analysis has no separate figure for them).
+    if exe.num_partitions().unwrap_or(1) > 1 {
+        if let Ok(Some((format, bytes))) = exe.optimized_program() {
+            if let Some(Ok(list)) = grpo_pjrt::hlo::collectives_of(&format, &bytes) {
+                let c = cost.get_or_insert_with(Default::default);
+                c.insert("collectives".into(), list.iter().map(|x| x.count as f64).sum());
+                c.insert("collective bytes".into(), list.iter().map(|x| x.bytes as f64).sum());
+                for x in list {
+                    c.insert(format!("{} count", x.kind), x.count as f64);
+                    c.insert(format!("{} bytes", x.kind), x.bytes as f64);
+                }
+            }
+        }
+    }
+    cost
 }
 
 #[cfg(test)]
