@@ -14,6 +14,7 @@
 //!     implementations:
 //!       - jax_baseline
 //!       - {id: pallas_logits, enabled: false, options: {bwd_impl: pallas, block_v: 2048}}
+//!       - {id: pallas_fused, name: pallas_fused@8x512, options: {block_tokens: 8}, cases: "*/d8-*"}
 //! expected_failures:
 //!   - {implementation: pallas_logits@8x512, cases: "logits/f16/*", reason: "...", link: "issue 42"}
 //! ```
@@ -174,6 +175,11 @@ pub struct ImplConfig {
     /// an external `module:attribute` id is imported from). Relative to the config file.
     #[serde(default)]
     pub pythonpath: Vec<PathBuf>,
+    /// Only cases whose id matches this glob get a trial of this entry (default: every
+    /// case of the suite), e.g. `"*/d8-*"` to run Pallas interpret mode on the small
+    /// 8-device cases of the nightly tier and not on its full-size ones.
+    #[serde(default)]
+    pub cases: Option<String>,
 }
 
 fn yes() -> bool {
@@ -193,6 +199,7 @@ impl ImplEntry {
                 peak_slack_bytes: 0,
                 python: None,
                 pythonpath: Vec::new(),
+                cases: None,
             },
             ImplEntry::Full(c) => c.clone(),
         }

@@ -314,7 +314,7 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
             match (res.outputs, prep) {
                 (Some(outputs), Some(p)) => {
                     out.gates = gates::judge(case, &p.inputs, &p.oracle, &outputs);
-                    if case.devices > 1 {
+                    if case.devices > 1 && backend.shards() {
                         match invariance(backend, implementation, case, p, &outputs, opts) {
                             Ok(inv) => out.invariance = Some(inv),
                             Err(e) => out.verdict = Verdict::Error(format!("the one-device run for the invariance check: {e:#}")),

@@ -158,8 +158,8 @@ pub struct Plan {
     reference: Arc<dyn Backend>,
 }
 
-/// Implementation names a backend's configuration lists (enabled ones).
-fn configured_implementations(config: &Config, backend: &str) -> Vec<String> {
+/// The enabled implementations a backend's configuration lists: (name, case glob).
+fn configured_implementations(config: &Config, backend: &str) -> Vec<(String, Option<String>)> {
     let b = &config.backends;
     let list = if backend == "reference" {
         b.reference.as_ref().map(|c| &c.implementations)
@@ -172,7 +172,12 @@ fn configured_implementations(config: &Config, backend: &str) -> Vec<String> {
     } else {
         None
     };
-    list.map(|l| crate::config::enabled(l).iter().map(|c| c.display_name().to_string()).collect()).unwrap_or_default()
+    list.map(|l| crate::config::enabled(l).iter().map(|c| (c.display_name().to_string(), c.cases.clone())).collect()).unwrap_or_default()
+}
+
+/// Whether an implementation entry with case glob `cases` runs on `case_id`.
+fn covers(cases: &Option<String>, case_id: &str) -> bool {
+    cases.as_deref().is_none_or(|g| crate::config::glob_match(g, case_id))
 }
 
 impl Plan {
@@ -201,7 +206,7 @@ impl Plan {
             let hit = names.iter().any(|b| {
                 configured_implementations(config, b)
                     .iter()
-                    .any(|i| matrix.suite(Suite::Full).iter().any(|c| e.matches(b, i, &c.id)))
+                    .any(|(i, g)| matrix.suite(Suite::Full).iter().any(|c| covers(g, &c.id) && e.matches(b, i, &c.id)))
             });
             if !hit {
                 bail!(
@@ -212,12 +217,20 @@ impl Plan {
             }
         }
 
+        // An entry's case glob that matches no case of the matrix is a typo, not a choice.
+        for b in &names {
+            for (i, g) in configured_implementations(config, b) {
+                if let Some(g) = g.filter(|g| !matrix.suite(Suite::Full).iter().any(|c| crate::config::glob_match(g, &c.id))) {
+                    bail!("{}: backend `{b}`, implementation `{i}`: cases \"{g}\" matches no case of the matrix", config.origin);
+                }
+            }
+        }
         if names.iter().all(|b| configured_implementations(config, b).is_empty()) {
             bail!("{}: the configuration selects no implementation (no backend, or every entry disabled): nothing would be checked", config.origin);
         }
         let cases: Vec<Arc<Case>> = matrix.suite(suite).into_iter().cloned().map(Arc::new).collect();
         let mut trials = Vec::new();
-        let targets: Vec<(String, Target, Vec<String>)> = names
+        let targets: Vec<(String, Target, Vec<(String, Option<String>)>)> = names
             .iter()
             .map(|b| {
                 let target = match by_name.get(b) {
@@ -235,7 +248,10 @@ impl Plan {
         // the nightly shapes).
         for c in &cases {
             for (b, target, impls) in &targets {
-                for imp in impls {
+                for (imp, glob) in impls {
+                    if !covers(glob, &c.id) {
+                        continue;
+                    }
                     let expected = config.expected_failures.iter().find(|e| e.matches(b, imp, &c.id)).cloned();
                     trials.push(Trial {
                         name: format!("{b}/{imp}/{}", c.id),

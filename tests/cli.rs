@@ -456,3 +456,24 @@ fn a_compile_only_case_runs_on_tpu_aot_only_and_generates_nothing() {
     let (peak, floor) = (tpu["memory"]["peak_bytes"].as_f64().unwrap(), tpu["memory"]["floor_bytes"].as_f64().unwrap());
     assert!(floor > 2.6e9 && peak <= 1.10 * floor + 131072.0, "peak {peak} floor {floor}");
 }
+
+/// An implementation entry's `cases` glob limits its trials to matching cases; a glob
+/// that matches no case of the matrix is a one-line configuration error.
+#[test]
+fn an_implementation_case_glob_selects_its_cases() {
+    let cfg = "backends:\n  reference: {implementations: [oracle, {id: naive_f32, cases: '*_tau*'}]}\n";
+    let (o, _d) = run_with(cfg, &["--suite", "ci", "--list"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let naive: Vec<&str> = out.lines().filter(|l| l.starts_with("reference/naive_f32/")).collect();
+    let oracle = out.lines().filter(|l| l.starts_with("reference/oracle/")).count();
+    assert!(!naive.is_empty() && naive.len() < oracle, "{} naive of {oracle}", naive.len());
+    assert!(naive.iter().all(|l| l.contains("_tau")), "{naive:?}");
+
+    let cfg = "backends:\n  reference: {implementations: [oracle, {id: naive_f32, cases: '*_tua*'}]}\n";
+    let (o, _d) = run_with(cfg, &["--suite", "ci", "--list"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("c.yaml: backend `reference`, implementation `naive_f32`: cases \"*_tua*\" matches no case"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+}

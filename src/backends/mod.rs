@@ -152,6 +152,13 @@ pub trait Backend: Send + Sync {
         true
     }
 
+    /// True when a multi-device case really runs on several devices here (PJRT clients);
+    /// such trials also run the one-device twin for the invariance check. The reference
+    /// backend computes the oracle whatever `devices` says.
+    fn shards(&self) -> bool {
+        false
+    }
+
     /// The configured memory budget of an implementation, if any.
     fn budget(&self, _implementation: &str) -> Option<Budget> {
         None

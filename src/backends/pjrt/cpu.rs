@@ -140,6 +140,10 @@ impl Backend for PjrtCpu {
         "pjrt-cpu"
     }
 
+    fn shards(&self) -> bool {
+        true
+    }
+
     fn implementations(&self) -> Vec<String> {
         self.impls.iter().map(|c| c.display_name().to_string()).collect()
     }

@@ -93,6 +93,10 @@ mod imp {
             "pjrt-tpu"
         }
 
+        fn shards(&self) -> bool {
+            true
+        }
+
         fn implementations(&self) -> Vec<String> {
             self.impls.iter().map(|c| c.display_name().to_string()).collect()
         }
