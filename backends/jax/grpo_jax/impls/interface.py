@@ -81,6 +81,11 @@ class Implementation:
     # ``valid_v`` (fused level, a traced int32 count) marks columns >= it as padding that
     # must never enter the logsumexp. A chosen id of −1 selects no column: logp is then
     # −logsumexp, with its gradient (the vocab-parallel wrapper relies on it).
+    # Fused level, for the vocab-parallel wrapper (impls/vocab_fused.py): the keyword
+    # ``with_lse=True`` adds a third output, the row's logsumexp lse [B, T], differentiable
+    # (its cotangent enters the softmax coefficient: dz = (g·onehot − (g − g_lse)·p) / τ);
+    # and ``hidden`` may come in f32 holding values of lm_head's dtype, in which case
+    # dhidden comes back in f32 unrounded (the wrapper sums shards' partials in f32).
     # None: the implementation runs on one device only.
     per_token: Optional[Callable] = None
 
