@@ -123,6 +123,31 @@ fn cell(v: &Verdict) -> (&'static str, &'static str) {
     }
 }
 
+/// One row per multi-device trial (case id ending in `/d<N>-<sharding>`, not the reference
+/// backend): case, trial, verdict, per-chip peak / floor, collectives (count and bytes
+/// per device, static: from the compiled HLO), and the one-device invariance check.
+fn multi_device_rows(runs: &[&TrialOutcome]) -> Vec<[String; 6]> {
+    let sharded = |c: &str| c.rsplit('/').next().is_some_and(|t| t.starts_with('d') && (t.ends_with("-batch") || t.ends_with("-vocab")));
+    runs.iter()
+        .filter(|o| o.backend != "reference" && sharded(&o.case) && !matches!(o.verdict, Verdict::Ignored(_)))
+        .map(|o| {
+            // XLA:CPU's peak is always arguments + outputs: no per-chip figure to show.
+            let ratio = match o.memory.as_ref() {
+                Some(m) if m.source.as_deref().is_some_and(|s| s.starts_with("XLA:CPU")) => "- (CPU)".into(),
+                m => m.and_then(|m| m.peak_over_floor()).map_or("-".into(), |r| format!("{r:.3}")),
+            };
+            let coll = o.cost.as_ref().and_then(|c| Some((*c.get("collectives")?, *c.get("collective bytes")?)));
+            let coll = coll.map_or("-".into(), |(n, b)| format!("{n:.0} ({})", crate::runner::human_bytes(b as u64)));
+            let inv = match &o.invariance {
+                Some(i) if i.passed() => "equal".to_string(),
+                Some(_) => "DIFFERS".to_string(),
+                None => "-".to_string(),
+            };
+            [o.case.clone(), format!("{}/{}", o.backend, o.implementation), o.verdict.label(), ratio, coll, inv]
+        })
+        .collect()
+}
+
 /// Writes `report.html` and `report.md` under `out`.
 pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Written> {
     let run = compare::load(run_path)?;
@@ -237,6 +262,13 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
             of(&|v| matches!(v, Verdict::Ignored(_)))
         );
     }
+    let multi = multi_device_rows(&runs);
+    if !multi.is_empty() {
+        let _ = write!(md, "\n## Multi-device trials ({})\n\n| case | trial | verdict | peak/floor per chip | collectives (bytes per device) | vs 1 device |\n| --- | --- | --- | --- | --- | --- |\n", multi.len());
+        for r in &multi {
+            let _ = writeln!(md, "| `{}` | {} | {} | {} | {} | {} |", r[0], r[1], r[2], r[3], r[4], r[5]);
+        }
+    }
     let bad: Vec<&&TrialOutcome> = trials.iter().filter(|o| !o.verdict.is_ok()).collect();
     let _ = write!(md, "\n## Not passing ({})\n\n", bad.len());
     for o in &bad {
@@ -298,6 +330,13 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         html.push_str("</tr>");
     }
     html.push_str("</table>");
+    if !multi.is_empty() {
+        let _ = write!(html, "<h2>Multi-device trials</h2><p>Per chip; collectives are static counts from the compiled HLO (a loop body counts once); \"vs 1 device\": the same implementation on one device, outputs equal within f32 rounding (docs/multidevice.md).</p><table><tr><th>case</th><th>trial</th><th>verdict</th><th>peak/floor per chip</th><th>collectives (bytes per device)</th><th>vs 1 device</th></tr>");
+        for r in &multi {
+            let _ = write!(html, "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", esc(&r[0]), esc(&r[1]), esc(&r[2]), esc(&r[3]), esc(&r[4]), esc(&r[5]));
+        }
+        html.push_str("</table>");
+    }
     let other: Vec<&&TrialOutcome> = trials.iter().filter(|o| o.kind != TrialKind::Run).collect();
     let _ = write!(html, "<h2>Golden and should-fail trials</h2><table><tr><th>trial</th><th>verdict</th><th>detail</th></tr>");
     for o in other {
@@ -320,6 +359,18 @@ mod tests {
         assert_eq!(elements("logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0/normal1-random-mixed"), Some(2.0 * 8.0 * 2049.0));
         assert_eq!(elements("fused/bf16/b1_t512_v151936_h512/grpo/x/y/z"), Some(512.0 * 512.0 + 512.0 * 151936.0));
         assert_eq!(elements("nonsense"), None);
+    }
+
+    #[test]
+    fn multi_device_trials_are_listed_with_collectives() {
+        let case = "fused/bf16/b4_t8_v2049_h64/grpo/x/y/d4-vocab";
+        let mut o = TrialOutcome::new(format!("tpu-aot-v6e-2x2/pallas_fused/{case}"), TrialKind::Run, "tpu-aot-v6e-2x2", "pallas_fused", case);
+        o.cost = Some([("collectives".to_string(), 4.0), ("collective bytes".to_string(), 1114112.0)].into_iter().collect());
+        let one = TrialOutcome::new("x".into(), TrialKind::Run, "pjrt-cpu", "pallas_fused", "fused/bf16/b4_t8_v2049_h64/grpo/x/y/z");
+        let rows = multi_device_rows(&[&o, &one]);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0][4], "4 (1.114 MB)");
+        assert_eq!(rows[0][5], "-");
     }
 
     #[test]
