@@ -52,6 +52,22 @@ def test_layouts_dz_dtypes_and_blocks(dtype, options):
     assert _check(dtype, dict(KNOB_SETS["grpo_sequence"], logits_dtype="input"), options) == []
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("layout", ["hv", "vh"])
+def test_lane_major_token_vectors(dtype, layout):
+    """block_tokens a multiple of 128: ids, lse, logp, entropy and the backward's
+    coefficients travel as [k, N] rows (Plan.lane_rows), with a partial last token block
+    (300 = 2·128 + 44) and a partial last vocab tile."""
+    from grpo_jax.impls.pallas_fused import make_plan
+    options = dict(block_tokens=128, block_v=256, lm_head_layout=layout)
+    impl = get("pallas_fused")
+    plan = make_plan(Problem("fused", 3, 100, 1000, 40, dtype), Knobs.from_json({}),
+                     impl.resolve_options(options))
+    assert plan.lane_rows and plan.tail_n and plan.tail_v
+    knobs = dict(KNOB_SETS["bnpo_tau_nobeta"], logits_dtype="input")
+    assert _check(dtype, knobs, options, t=100) == []
+
+
 def test_block_size_invariance():
     knobs = KNOB_SETS["drgrpo_delta_L"]
     *_, ref = _run("f32", knobs, SMALL)

@@ -126,3 +126,14 @@ def test_fused_vocab_backward_in_token_chunks(monkeypatch, impl, options, device
     knobs = Knobs.from_json(dict(KNOB_SETS["grpo_token_beta"], logits_dtype="input"))
     got = _run(impl, problem, knobs, inputs, devices, "vocab", options)
     assert compare(got, oracle(inputs, knobs.to_json(), "fused"), inputs["mask"], "bf16") == []
+
+
+@pytest.mark.parametrize("sharding", ["batch", "vocab"])
+def test_pallas_fused_lane_major_rows_sharded(sharding):
+    """block_tokens = 128: pallas_fused keeps its per-token vectors as [k, N] rows
+    (Plan.lane_rows), in the full-token core and in the vocab backward's chunk cores."""
+    problem = Problem("fused", 4, 64, 1001, 40, "bf16")
+    inputs = make_inputs(problem, 7)
+    knobs = Knobs.from_json(dict(KNOB_SETS["grpo_token_beta"], logits_dtype="input"))
+    got = _run("pallas_fused", problem, knobs, inputs, 4, sharding, dict(block_tokens=128, block_v=256))
+    assert compare(got, oracle(inputs, knobs.to_json(), "fused"), inputs["mask"], "bf16") == []

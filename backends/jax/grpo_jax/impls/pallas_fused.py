@@ -16,9 +16,14 @@ Backward (``jax.custom_vjp``; g = d loss / d logp from JAX autodiff of ``grpo_ma
 g_lse = d loss / d lse when the caller also differentiates lse, else 0): the tile is
 recomputed and ``dz = (g * onehot - (g - g_lse) * exp(s - lse)) / tau`` (g_lse = 0: the
 usual g * (onehot - p) / tau); lse, the two per-row coefficients and the chosen id (as
-an f32, exact below 2^24) enter as one [N, 4] f32 array, which costs no more HBM than one
-[N, 1] (on TPU both are padded to 128 lanes: 2 MB at N = 4096, which matters against a
-vocab shard's floor). Two kernels, each
+an f32, exact below 2^24) enter as one array. Per-token vectors live in HBM as lane-major
+rows ([1, N] for ids, lse, logp and entropy; [8, N] for the backward's four) when
+block_tokens is a multiple of 128 (``Plan.lane_rows``): on TPU an f32 [N, k] column
+array is padded to 128 lanes, 2 MB at N = 4096 whatever k, a [k, N] row array to 8
+sublanes, 128 KB; the kernels turn a row block into a column by a (128, bt) transpose.
+With three such columns the vocab-sharded fused level sat at 1.126x its per-chip floor
+at (4, 1024, 1024, 32768); with rows, 1.043x. Smaller blocks keep [N, 1] / [N, 4]
+columns. Two kernels, each
 owning its output tiles, so no output is accumulated across grid steps in HBM and each
 has a "parallel" outer axis (megacore):
 
@@ -93,6 +98,12 @@ class Plan(NamedTuple):
     dz_dtype: Any       # dtype of dz in the backward matmuls
     precision: Any      # lax.Precision of the matmuls
     dynamic_valid: bool = False  # a traced count of real columns comes in SMEM (vocab shards)
+    # Per-token vectors (ids, lse, logp, entropy, the backward coefficients) in HBM as
+    # lane-major rows [k, N] instead of columns [N, k]: on TPU an f32 [N, k] array is
+    # padded to 128 lanes (2 MB at N = 4096), a [k, N] one to 8 sublanes (128 KB). The
+    # kernels turn a (1, bt) row into a (bt, 1) column and back by a (128, bt) transpose.
+    # Needs bt % 128 == 0 (the row block's lane dimension).
+    lane_rows: bool = False
 
     @property
     def tok_blocks(self) -> int:
@@ -148,12 +159,32 @@ def _split(plan: Plan, refs):
     return plan.v, refs
 
 
-def _dz(plan: Plan, j, s, rows, vlim):
-    """(g * onehot - gp * exp(s - lse)) / tau for one tile (rows = [lse, g, gp, id] per
-    row), 0 in columns >= vlim."""
+def _to_col(r):
+    """A (1, bt) row as a (bt, 1) column (broadcast to (128, bt), transposed, sliced)."""
+    return jnp.transpose(jnp.broadcast_to(r, (LANE, r.shape[1])))[:, 0:1]
+
+
+def _to_row(c):
+    """A (bt, 1) column as a (1, bt) row (the inverse of ``_to_col``)."""
+    return jnp.transpose(jnp.broadcast_to(c, (c.shape[0], LANE)))[0:1, :]
+
+
+def _row_stats(plan: Plan, rows_ref):
+    """(lse, g, gp, id) as (bt, 1) columns from the backward's per-token block: [bt, 4]
+    columns, or [8, bt] rows (lane_rows; rows 4..7 unused)."""
+    if plan.lane_rows:
+        r = rows_ref[...]
+        return tuple(_to_col(r[k:k + 1, :]) for k in range(4))
+    r = rows_ref[...]
+    return r[:, 0:1], r[:, 1:2], r[:, 2:3], r[:, 3:4]
+
+
+def _dz(plan: Plan, j, s, rows_ref, vlim):
+    """(g * onehot - gp * exp(s - lse)) / tau for one tile (per token: lse, g, gp and the
+    chosen id, from ``rows_ref``), 0 in columns >= vlim."""
     col = _cols(plan, j, s.shape)
-    lse, g, gp = rows[:, 0:1], rows[:, 1:2], rows[:, 2:3]
-    onehot = (col == rows[:, 3:4].astype(jnp.int32)).astype(f32)
+    lse, g, gp, ids = _row_stats(plan, rows_ref)
+    onehot = (col == ids.astype(jnp.int32)).astype(f32)
     dz = (g * onehot - gp * jnp.exp(s - lse)) / plan.temperature
     if plan.tail_v:
         dz = jnp.where(col < vlim, dz, 0.0)
@@ -196,15 +227,17 @@ def _fwd_kernel(*refs, plan: Plan):
     l_sc[...] = alpha * l_old + jnp.sum(e, axis=1, keepdims=True)
     a_sc[...] = alpha * (a_old + (m_old - m_new) * l_old) + jnp.sum(ed, axis=1, keepdims=True)
     m_sc[...] = m_new
-    c_sc[...] += jnp.sum(jnp.where(col == ids_ref[...], s, 0.0), axis=1, keepdims=True)
+    ids = _to_col(ids_ref[...]) if plan.lane_rows else ids_ref[...]
+    c_sc[...] += jnp.sum(jnp.where(col == ids, s, 0.0), axis=1, keepdims=True)
 
     @pl.when(j == pl.num_programs(1) - 1)
     def _finish():
         log_l = jnp.log(l_sc[...])
         lse = m_sc[...] + log_l
-        lse_ref[...] = lse
-        logp_ref[...] = c_sc[...] - lse
-        ent_ref[...] = log_l - a_sc[...] / l_sc[...]
+        out = _to_row if plan.lane_rows else (lambda c: c)
+        lse_ref[...] = out(lse)
+        logp_ref[...] = out(c_sc[...] - lse)
+        ent_ref[...] = out(log_l - a_sc[...] / l_sc[...])
 
 
 def _dhidden_kernel(*refs, plan: Plan):
@@ -217,7 +250,7 @@ def _dhidden_kernel(*refs, plan: Plan):
 
     w = _valid_w(plan, j, w_ref[...], vlim)
     s = _logits(plan, h_ref[...].astype(plan.dtype), w)
-    dz = _dz(plan, j, s, rows_ref[...], vlim).astype(plan.dz_dtype)
+    dz = _dz(plan, j, s, rows_ref, vlim).astype(plan.dz_dtype)
     w = w.astype(plan.dz_dtype)
     # dh += dz @ W_tile^T, contracting the tile's vocab entries.
     dims = (((1,), (0,)), ((), ())) if plan.vocab_major else (((1,), (1,)), ((), ()))
@@ -242,7 +275,7 @@ def _dlm_head_kernel(*refs, plan: Plan):
         row = i * plan.bt + jax.lax.broadcasted_iota(jnp.int32, (h.shape[0], 1), 0)
         h = jnp.where(row < plan.n, h, jnp.zeros_like(h))
     s = _logits(plan, h, _valid_w(plan, j, w_ref[...], vlim))
-    dz = _dz(plan, j, s, rows_ref[...], vlim)
+    dz = _dz(plan, j, s, rows_ref, vlim)
     if plan.tail_n:
         dz = jnp.where(row < plan.n, dz, 0.0)
     dz = dz.astype(plan.dz_dtype)
@@ -302,13 +335,20 @@ def _limit(plan: Plan, limit: Optional[int]) -> int:
 
 
 def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional[int]):
-    """(hidden2 [N, H], W, ids [N, 1], valid) -> (logp, entropy, lse), each [N, 1], with
+    """(hidden2 [N, H], W, ids, valid) -> (logp, entropy, lse), with ids and the outputs
+    [1, N] rows when plan.lane_rows, else [N, 1] columns; with
     SPEC's VJP in logp and lse's own (entropy carries no gradient). W is lm_head [H, V], or lm_head.T if vocab_major."""
     limit = _limit(plan, vmem_limit_bytes)
     n, h, v, bt, bv = plan.n, plan.h, plan.v, plan.bt, plan.bv
-    row = pl.BlockSpec((bt, 1), lambda i, j: (i, 0))
+    if plan.lane_rows:  # per-token vectors as [1, N] rows; the backward's as [8, N]
+        row = pl.BlockSpec((1, bt), lambda i, j: (0, i))
+        col = jax.ShapeDtypeStruct((1, n), f32)
+        rows_of = lambda grid_tok: pl.BlockSpec((8, bt), lambda *g: (0, g[grid_tok]))  # noqa: E731
+    else:
+        row = pl.BlockSpec((bt, 1), lambda i, j: (i, 0))
+        col = jax.ShapeDtypeStruct((n, 1), f32)
+        rows_of = lambda grid_tok: pl.BlockSpec((bt, 4), lambda *g: (g[grid_tok], 0))  # noqa: E731
     hid = pl.BlockSpec((bt, h), lambda i, j: (i, 0))
-    col = jax.ShapeDtypeStruct((n, 1), f32)
     mm = 2 * n * h * v
     it = jnp.dtype(plan.dtype).itemsize
 
@@ -337,8 +377,7 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
         return pl.pallas_call(
             functools.partial(_dhidden_kernel, plan=plan),
             grid=(plan.tok_blocks, plan.voc_tiles),
-            in_specs=smem + [pl.BlockSpec((bt, 4), lambda i, j: (i, 0)), hid,
-                             _w_spec(plan, lambda i, j: j)],
+            in_specs=smem + [rows_of(0), hid, _w_spec(plan, lambda i, j: j)],
             out_specs=hid,
             out_shape=jax.ShapeDtypeStruct((n, h), hidden.dtype),
             scratch_shapes=[pltpu.VMEM((bt, h), f32)],
@@ -357,8 +396,7 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
         return pl.pallas_call(
             functools.partial(_dlm_head_kernel, plan=plan),
             grid=(plan.voc_tiles, plan.tok_blocks),
-            in_specs=smem + [pl.BlockSpec((bt, 4), lambda j, i: (i, 0)), thid,
-                             wspec],
+            in_specs=smem + [rows_of(1), thid, wspec],
             out_specs=wspec,
             out_shape=jax.ShapeDtypeStruct(w.shape, w.dtype),
             scratch_shapes=[pltpu.VMEM(acc, f32)],
@@ -382,7 +420,11 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
     def bwd_rule(res, cts):
         hidden, w, ids, valid, lse = res
         g = cts[0].astype(f32)  # entropy's cotangent is ignored (a metric)
-        rows = jnp.concatenate([lse, g, g - cts[2].astype(f32), ids.astype(f32)], axis=1)
+        parts = [lse, g, g - cts[2].astype(f32), ids.astype(f32)]
+        if plan.lane_rows:  # [8, N]: four rows and four of padding to the sublane tile
+            rows = jnp.concatenate(parts + [jnp.zeros((4, n), f32)], axis=0)
+        else:
+            rows = jnp.concatenate(parts, axis=1)
         return dhidden(hidden, w, rows, valid), dlm_head(hidden, w, rows, valid), None, None
 
     logp_entropy_lse.defvjp(fwd_rule, bwd_rule)
@@ -427,7 +469,8 @@ def make_plan(p: Problem, k: Knobs, options: Mapping[str, Any],
         dz_dtype=dtype if options["bwd_dz_dtype"] == "input" else f32,
         precision=(jax.lax.Precision.HIGHEST if p.dtype == "f32" or options["bwd_dz_dtype"] == "f32"
                    else jax.lax.Precision.DEFAULT),
-        dynamic_valid=dynamic_valid)
+        dynamic_valid=dynamic_valid,
+        lane_rows=min(options["block_tokens"], n) % LANE == 0)
 
 
 def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[str]:
@@ -476,7 +519,7 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
         plan, kernel = kernel_for(valid_v is not None)
         # lm_head.T is a bitcast when [V][H] is its physical order (no copy).
         w = lm_head.T if plan.vocab_major else lm_head
-        ids = chosen_ids.reshape(plan.n, 1).astype(jnp.int32)
+        ids = chosen_ids.reshape((1, plan.n) if plan.lane_rows else (plan.n, 1)).astype(jnp.int32)
         logp, ent, lse = kernel(hidden.reshape(plan.n, h), w, ids, valid_v)
         out = (logp.reshape(b, t), jax.lax.stop_gradient(ent.reshape(b, t)))
         return out + (lse.reshape(b, t),) if with_lse else out
