@@ -207,11 +207,8 @@ pub fn crop_axis(dims: &[i64], bytes: &[u8], item: usize, axis: usize, keep: usi
     for o in 0..outer {
         let row = &bytes[o * size * inner..(o + 1) * size * inner];
         out.extend_from_slice(&row[..keep * inner]);
-        zero &= row[keep * inner..].chunks_exact(item).all(|e| {
-            let mut e = e.to_vec();
-            *e.last_mut().unwrap() &= 0x7f; // sign bit (little-endian)
-            e.iter().all(|&b| b == 0)
-        });
+        // ±0: every byte zero but the sign bit (the last byte, little-endian).
+        zero &= row[keep * inner..].chunks_exact(item).all(|e| e[..item - 1].iter().all(|&b| b == 0) && e[item - 1] & 0x7f == 0);
     }
     (out, zero)
 }
@@ -262,24 +259,27 @@ fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: 
         cache.insert(m.key.clone(), exe);
     }
     let exe = &cache[&m.key];
+    // Sharded arguments whose axis the module takes padded: padded once, before the split.
+    let mut padded: Vec<Option<(Vec<i64>, Vec<u8>)>> = Vec::with_capacity(job.args.len());
+    for (a, spec) in job.args.iter().zip(&m.inputs) {
+        padded.push(match (spec.shard_axis.filter(|_| n > 1), spec.pad_to) {
+            (Some(axis), Some(to)) if to != a.dims[axis] as usize => {
+                let fill = element_bytes(&a.dtype, spec.pad_value.unwrap_or(0.0))?;
+                Some(pad_axis(&a.dims, &a.bytes, &fill, axis, to))
+            }
+            _ => None,
+        });
+    }
     // Per device: its shard of each sharded argument, the whole of the others.
     let mut bufs: Vec<Vec<grpo_pjrt::Buffer>> = Vec::with_capacity(n);
     for (d, device) in devices.iter().take(n).enumerate() {
         let mut row = Vec::with_capacity(job.args.len());
-        for (a, spec) in job.args.iter().zip(&m.inputs) {
+        for ((a, spec), pad) in job.args.iter().zip(&m.inputs).zip(&padded) {
             let et = element_type(&a.dtype)?;
             match spec.shard_axis.filter(|_| n > 1) {
                 None => row.push(client.buffer_from_bytes(et, &a.bytes, &a.dims, device)?),
                 Some(axis) => {
-                    let padded;
-                    let (gdims, gbytes) = match spec.pad_to {
-                        Some(to) if to != a.dims[axis] as usize => {
-                            let fill = element_bytes(&a.dtype, spec.pad_value.unwrap_or(0.0))?;
-                            padded = pad_axis(&a.dims, &a.bytes, &fill, axis, to);
-                            (&padded.0[..], &padded.1[..])
-                        }
-                        _ => (&a.dims[..], &a.bytes[..]),
-                    };
+                    let (gdims, gbytes) = pad.as_ref().map_or((&a.dims[..], &a.bytes[..]), |(d, b)| (&d[..], &b[..]));
                     let (dims, bytes) = shard_bytes(gdims, gbytes, itemsize(&a.dtype)?, axis, n, d)?;
                     row.push(client.buffer_from_bytes(et, &bytes, &dims, device)?);
                 }

@@ -172,10 +172,9 @@ def _to_row(c):
 def _row_stats(plan: Plan, rows_ref):
     """(lse, g, gp, id) as (bt, 1) columns from the backward's per-token block: [bt, 4]
     columns, or [8, bt] rows (lane_rows; rows 4..7 unused)."""
-    if plan.lane_rows:
-        r = rows_ref[...]
-        return tuple(_to_col(r[k:k + 1, :]) for k in range(4))
     r = rows_ref[...]
+    if plan.lane_rows:
+        return tuple(_to_col(r[k:k + 1, :]) for k in range(4))
     return r[:, 0:1], r[:, 1:2], r[:, 2:3], r[:, 3:4]
 
 
