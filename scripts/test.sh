@@ -33,4 +33,7 @@ failed=$(( $(sum '[0-9]+ failed;') + $(sum '[0-9]+ failed,') ))
 ignored=$(sum '[0-9]+ ignored;')
 echo
 echo "all: $passed passed, $failed failed, $ignored skipped"
+# Name every failure last, where a truncated log still shows it (libtest and
+# libtest-mimic print `test NAME ... FAILED`; pytest -q prints `FAILED path::name`).
+grep -E '^test .* \.\.\. FAILED|^FAILED ' "$log" | sed 's/^/failed: /'
 [ "$py" -eq 0 ] && [ "$rs" -eq 0 ]
