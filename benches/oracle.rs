@@ -62,6 +62,14 @@
 //! below is the same forward streamed from memory) and page faults plus the rest
 //! (generate − fill).
 //!
+//! The floor line: any generator with these bits must run each row's forward (old_logp
+//! and ref_logp are drawn around each token's logp, so the row's logsumexp is part of the
+//! data's definition; generate computes it with the oracle's own `row::forward`) and hash
+//! two counters per element. Both are timed (the two-pass "fwd"; the counter hashes and
+//! their uniforms alone, checked against `Stream`), and their sum is compared with the
+//! fused fwd+bwd: when it already exceeds the oracle, "generate / oracle <= 1" cannot be
+//! reached without changing the input bits (and every golden file).
+//!
 //! On a virtual machine, first touches vary from run to run far beyond the guest's own
 //! fault handling: memory the guest freed may have been handed back to the host (a
 //! balloon's free page reporting) and then faults on the host too (seconds for 5 GB).
@@ -182,6 +190,29 @@ fn two_pass_once(case: &Case, inputs: &Inputs, dlogits: &mut [f32]) -> ([f64; 3]
     ([s(t0, t1), s(t1, t2), s(t2, t3)], o.loss)
 }
 
+/// The counter hashes every same-bits generator computes: for element i, the bits of
+/// counters 2i and 2i+1 of the logits stream (`Stream::bits`: SplitMix64's finaliser of
+/// key + c·0x9E3779B97F4A7C15), turned into the two uniforms as `Stream::uniform` does,
+/// and nothing else (their sum is stored so the work is kept). Written out here so that
+/// it inlines and vectorises like the generator's own loop; checked against `Stream` below.
+fn counters_only(key: u64, start: u64, out: &mut [f32]) {
+    #[inline(always)]
+    fn bits(key: u64, c: u64) -> u64 {
+        let mut z = key.wrapping_add(c.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    #[inline(always)]
+    fn unit(b: u64) -> f64 {
+        ((b >> 11) as f64).mul_add(1.0 / (1u64 << 53) as f64, 1.0 / (1u64 << 54) as f64)
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        let i = start + j as u64;
+        *o = (unit(bits(key, 2 * i)) + unit(bits(key, 2 * i + 1))) as f32;
+    }
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments (no filtering: one benchmark).
     let (b, t, v) = shape();
@@ -231,6 +262,7 @@ fn main() {
     let mut parts = [Vec::new(), Vec::new(), Vec::new()];
     let (mut loss_f, mut loss_2) = (0.0, 0.0);
     let (mut fill_same, mut dev_same, mut fallbacks) = (false, false, 0);
+    let (mut hash, mut hash_same) = (Vec::new(), false);
     let mut inputs = Inputs::default();
     let st = Stream::new(case.data_id(), "logits");
     let same_bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
@@ -267,6 +299,18 @@ fn main() {
             dev_same = same_bits(&dlogits, &inputs.logits);
         }
 
+        // The counter hashes alone (a floor for any generator with these bits).
+        let t0 = Instant::now();
+        dlogits.par_chunks_mut(1 << 16).enumerate().for_each(|(c, out)| counters_only(st.key(), (c << 16) as u64, out));
+        hash.push(t0.elapsed().as_secs_f64());
+        if last {
+            hash_same = (0..1000u64).all(|i| {
+                let mut one = [0f32];
+                counters_only(st.key(), i, &mut one);
+                one[0] == (st.uniform(2 * i) + st.uniform(2 * i + 1)) as f32
+            });
+        }
+
         let (s, l) = fused_once(&case, &inputs, &mut dlogits);
         fu.push(s);
         loss_f = l;
@@ -282,7 +326,7 @@ fn main() {
     std::hint::black_box(&dlogits);
     let (gen_m, fill_m, dev_m) = (median(&gen), median(&fill), median(&dev));
     println!(
-        "rounds:  N={runs}, each: Inputs::generate, logits::fill, deviates, oracle fused, oracle two-pass (interleaved: the same machine conditions for all)"
+        "rounds:  N={runs}, each: Inputs::generate, logits::fill, deviates, counter hashes, oracle fused, oracle two-pass (interleaved: the same machine conditions for all)"
     );
     println!(
         "inputs:  Inputs::generate median {gen_m:.3} s, page faults of its fresh logits buffer included   (runs: {}; logits {:.2} GB)",
@@ -417,5 +461,26 @@ fn main() {
         "         generate = deviates {dev_m:.3} + per-row forward {:.3} (fill - deviates; the two-pass fwd alone: {fwd:.3}) + page faults and the rest {:.3} s (medians)",
         fill_m - dev_m,
         gen_m - fill_m
+    );
+    // What any generator with these bits must do besides ln, sqrt and cos: the forward
+    // (old_logp and ref_logp are drawn around each token's logp, so a row's logsumexp is
+    // part of the data's definition; the statistics are the oracle's own forward) and the
+    // counter hashes. If that alone exceeds the oracle, the goal needs new input bits.
+    let hash_m = median(&hash);
+    let floor = fwd + hash_m;
+    println!(
+        "floor:   same bits need each row's forward ({fwd:.3} s, the two-pass fwd) + the counter hashes alone ({hash_m:.3} s, {:.2} ns/element; {}) = {floor:.3} s = {:.2}x the fused fwd+bwd before any ln, sqrt or cos: {}",
+        hash_m / n as f64 * 1e9,
+        if hash_same { "the stream's bits" } else { "DIFFER from the stream" },
+        floor / fm,
+        if floor < fm {
+            format!("{:.3} s left for the deviates' arithmetic", fm - floor)
+        } else {
+            "the goal <= 1 needs a new input definition (new goldens)".into()
+        }
+    );
+    println!(
+        "         deviates' arithmetic now: {:.3} s (deviates - counter hashes)",
+        dev_m - hash_m
     );
 }

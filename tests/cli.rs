@@ -240,6 +240,27 @@ fn a_filtered_run_exports_only_what_it_runs() {
     };
     let n = modules(art.path());
     assert_eq!(n, 1, "a run of one trial exported {n} modules");
+    // The cached --check-config answer is written whole (a temporary file renamed into
+    // place), and one cut short (as a reader racing a non-atomic write saw it) is asked
+    // again, not an error.
+    let checks: Vec<PathBuf> = std::fs::read_dir(art.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("config-check-"))
+        .collect();
+    assert!(!checks.is_empty());
+    let whole: Vec<String> = checks.iter().map(|p| std::fs::read_to_string(p).unwrap()).collect();
+    for (p, w) in checks.iter().zip(&whole) {
+        std::fs::write(p, &w[..w.len() / 2]).unwrap();
+    }
+    let (o, _d) = run_with(&cfg, &["--suite", "ci", "--filter", trial, "--repeats", "0"], &[("GRPO_ARTIFACTS", art.path().to_str().unwrap())]);
+    assert!(o.status.success(), "a cut cached answer must be asked again: {}", stderr(&o));
+    for (p, w) in checks.iter().zip(&whole) {
+        assert_eq!(&std::fs::read_to_string(p).unwrap(), w, "{}", p.display());
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(art.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-")).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
     // Listing exports nothing at all.
     let art2 = tempfile::tempdir().unwrap();
     let (o, _d) = run_with(&cfg, &["--suite", "ci", "--list"], &[("GRPO_ARTIFACTS", art2.path().to_str().unwrap())]);

@@ -54,6 +54,33 @@ impl PyEnv {
     }
 }
 
+/// One `--check-config` answer entry.
+#[derive(Deserialize)]
+struct CheckAnswer {
+    name: String,
+    ok: bool,
+    error: Option<String>,
+}
+
+/// Parses the exporter's `--check-config` answer (a JSON list).
+fn parse_check_answer(text: &str) -> Result<Vec<CheckAnswer>> {
+    serde_json::from_str(text.trim()).context("unreadable --check-config answer")
+}
+
+/// Writes `text` to `path` through a temporary sibling and a rename, so that a process
+/// reading `path` at the same time (parallel runs sharing the artifact cache) sees the
+/// whole file or none. Best effort: a cache that cannot be written is only a cache.
+fn write_atomically(path: &Path, text: &str) {
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()));
+    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, path).is_err() {
+        std::fs::remove_file(&tmp).ok();
+    }
+}
+
 /// The one-line error of a failed exporter process: the protocol mismatch line as is.
 fn exporter_failure(env: &PyEnv, status: std::process::ExitStatus, stderr: &[u8]) -> anyhow::Error {
     let err = String::from_utf8_lossy(stderr);
@@ -453,8 +480,11 @@ impl Exporter {
             let key = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(key_src.as_bytes()));
             self.cache_dir.join(format!("config-check-{key}.json"))
         });
-        let answer = match cached.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
-            Some(t) => t,
+        // A cached answer that does not parse (another process's copy caught half-written
+        // by an older suite, a disk full) is asked again, never an error.
+        let from_cache = cached.as_ref().and_then(|p| std::fs::read_to_string(p).ok()).and_then(|t| parse_check_answer(&t).ok());
+        let answers = match from_cache {
+            Some(a) => a,
             None => {
                 let mut child = env
                     .command()
@@ -470,20 +500,13 @@ impl Exporter {
                     return Err(exporter_failure(env, out.status, &out.stderr).context("the exporter could not check the configuration"));
                 }
                 let t = String::from_utf8(out.stdout).context("exporter output is not UTF-8")?;
+                let answers = parse_check_answer(&t)?;
                 if let Some(p) = &cached {
-                    std::fs::create_dir_all(&self.cache_dir).ok();
-                    std::fs::write(p, &t).ok();
+                    write_atomically(p, &t);
                 }
-                t
+                answers
             }
         };
-        #[derive(Deserialize)]
-        struct Answer {
-            name: String,
-            ok: bool,
-            error: Option<String>,
-        }
-        let answers: Vec<Answer> = serde_json::from_str(answer.trim()).context("unreadable --check-config answer")?;
         Ok(answers
             .into_iter()
             .filter(|a| !a.ok)
