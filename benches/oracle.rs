@@ -194,8 +194,11 @@ fn two_pass_once(case: &Case, inputs: &Inputs, dlogits: &mut [f32]) -> ([f64; 3]
 /// counters 2i and 2i+1 of the logits stream (`Stream::bits`: SplitMix64's finaliser of
 /// key + c·0x9E3779B97F4A7C15), turned into the two uniforms as `Stream::uniform` does,
 /// and nothing else (their sum is stored so the work is kept). Written out here so that
-/// it inlines and vectorises like the generator's own loop; checked against `Stream` below.
-fn counters_only(key: u64, start: u64, out: &mut [f32]) {
+/// it inlines and vectorises like the generator's own loop, and compiled for the same
+/// vector units (`counters_only` picks the AVX-512 / AVX2+FMA copy at run time, as
+/// `fast_normal::fill` does); checked against `Stream` below.
+#[inline(always)]
+fn counters_kernel(key: u64, start: u64, out: &mut [f32]) {
     #[inline(always)]
     fn bits(key: u64, c: u64) -> u64 {
         let mut z = key.wrapping_add(c.wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -205,12 +208,48 @@ fn counters_only(key: u64, start: u64, out: &mut [f32]) {
     }
     #[inline(always)]
     fn unit(b: u64) -> f64 {
-        ((b >> 11) as f64).mul_add(1.0 / (1u64 << 53) as f64, 1.0 / (1u64 << 54) as f64)
+        // (a + ½)·2⁻⁵³ as one rounding, exactly `Stream::uniform`'s bits (a·2⁻⁵³ is exact).
+        (b >> 11) as f64 * (1.0 / (1u64 << 53) as f64) + 1.0 / (1u64 << 54) as f64
     }
     for (j, o) in out.iter_mut().enumerate() {
         let i = start + j as u64;
         *o = (unit(bits(key, 2 * i)) + unit(bits(key, 2 * i + 1))) as f32;
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
+unsafe fn counters_avx512(key: u64, start: u64, out: &mut [f32]) {
+    counters_kernel(key, start, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn counters_avx2(key: u64, start: u64, out: &mut [f32]) {
+    counters_kernel(key, start, out)
+}
+
+/// [`counters_kernel`] on the widest vector units this CPU has.
+fn counters_only(key: u64, start: u64, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let has = |f: &[&str]| f.iter().all(|f| match *f {
+            "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
+            "avx512dq" => std::arch::is_x86_feature_detected!("avx512dq"),
+            "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
+            "avx2" => std::arch::is_x86_feature_detected!("avx2"),
+            _ => std::arch::is_x86_feature_detected!("fma"),
+        });
+        if has(&["avx512f", "avx512dq", "avx512vl", "fma"]) {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { counters_avx512(key, start, out) };
+        }
+        if has(&["avx2", "fma"]) {
+            // SAFETY: as above.
+            return unsafe { counters_avx2(key, start, out) };
+        }
+    }
+    counters_kernel(key, start, out)
 }
 
 fn main() {
