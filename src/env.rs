@@ -62,7 +62,7 @@ pub const VARS: &[Var] = &[
     Var { name: RECORDS, meaning: "JSONL record file of the test harness", default: "`target/grpo-records/cargo-test-<suite>-<unix time>.jsonl`", read_by: "test harness" },
     Var { name: "GRPO_PJRT_HEADER_PATH", meaning: "`pjrt_c_api.h` to generate the binding from (build time)", default: "the venv's `xla_cpu_pjrt` wheel", read_by: "grpo-pjrt build script" },
     Var { name: "GRPO_BENCH_SHAPE", meaning: "oracle benchmark shape `BxTxV`", default: "`1x8192x151936`", read_by: "`cargo bench --bench oracle`" },
-    Var { name: "GRPO_BENCH_RUNS", meaning: "oracle benchmark runs, and runs of each generation part (generate, fill without page faults, page faults, deviates); medians reported", default: "3", read_by: "`cargo bench --bench oracle`" },
+    Var { name: "GRPO_BENCH_RUNS", meaning: "oracle benchmark runs, and runs of each generation part (generate, fill without page faults, page faults, deviates, counter hashes); medians reported", default: "3", read_by: "`cargo bench --bench oracle`" },
     Var { name: "GRPO_BENCH_COPIES", meaning: "oracle benchmark memory copies per mode (median reported)", default: "5", read_by: "`cargo bench --bench oracle`" },
     Var { name: "GRPO_BENCH_EXACT", meaning: "`1`: the oracle benchmark also times input generation on the scalar path (as before the fast path) and checks its bits", default: "unset", read_by: "`cargo bench --bench oracle`" },
 ];
