@@ -440,7 +440,7 @@ fn trials_are_listed_case_by_case() {
     let mut seen: Vec<String> = Vec::new();
     for n in names.lines().filter(|n| !n.starts_with("should-fail/")) {
         let case = n.splitn(3, '/').nth(if n.starts_with("golden/") { 1 } else { 2 }).unwrap();
-        let case = if n.starts_with("golden/") { &n["golden/".len()..] } else { case };
+        let case = n.strip_prefix("golden/").unwrap_or(case);
         if seen.last().map(String::as_str) != Some(case) {
             assert!(!seen.iter().any(|s| s == case), "trials of {case} are not contiguous");
             seen.push(case.to_string());

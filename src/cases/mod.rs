@@ -206,7 +206,7 @@ impl Case {
             (0, _) => return Err("devices must be >= 1".into()),
             (1, Some(sh)) => return Err(format!("sharding {sh} needs devices > 1")),
             (d, None) if d > 1 => return Err(format!("devices: {d} needs a sharding (batch or vocab)")),
-            (d, Some(Sharding::Batch)) if s.b % d != 0 => {
+            (d, Some(Sharding::Batch)) if !s.b.is_multiple_of(d) => {
                 return Err(format!("batch sharding needs B divisible by devices, got B={} devices={d}", s.b))
             }
             _ => {}

@@ -24,7 +24,9 @@ const GRAD_BLOCK: usize = 512;
 pub fn exp(x: f64) -> f64 {
     const LOG2E: f64 = std::f64::consts::LOG2_E;
     // fdlibm's split of ln 2: LN2_HI has 32 trailing zero bits, so k·LN2_HI is exact.
+    #[allow(clippy::excessive_precision)]
     const LN2_HI: f64 = 6.93147180369123816490e-01;
+    #[allow(clippy::excessive_precision)]
     const LN2_LO: f64 = 1.90821492927058770002e-10;
     // 1.5·2^52: adding it rounds to an integer, whose bits are then the low mantissa bits.
     const SHIFT: f64 = 6755399441055744.0;
