@@ -66,7 +66,7 @@
 //! and ref_logp are drawn around each token's logp, so the row's logsumexp is part of the
 //! data's definition; generate computes it with the oracle's own `row::forward`) and hash
 //! two counters per element. Both are timed (the two-pass "fwd"; the counter hashes and
-//! their uniforms alone, checked against `Stream`), and their sum is compared with the
+//! their uniforms alone, `Stream::uniform`), and their sum is compared with the
 //! fused fwd+bwd: when it already exceeds the oracle, "generate / oracle <= 1" cannot be
 //! reached without changing the input bits (and every golden file).
 //!
@@ -190,66 +190,35 @@ fn two_pass_once(case: &Case, inputs: &Inputs, dlogits: &mut [f32]) -> ([f64; 3]
     ([s(t0, t1), s(t1, t2), s(t2, t3)], o.loss)
 }
 
-/// The counter hashes every same-bits generator computes: for element i, the bits of
-/// counters 2i and 2i+1 of the logits stream (`Stream::bits`: SplitMix64's finaliser of
-/// key + c·0x9E3779B97F4A7C15), turned into the two uniforms as `Stream::uniform` does,
-/// and nothing else (their sum is stored so the work is kept). Written out here so that
-/// it inlines and vectorises like the generator's own loop, and compiled for the same
-/// vector units (`counters_only` picks the AVX-512 / AVX2+FMA copy at run time, as
-/// `fast_normal::fill` does); checked against `Stream` below.
+/// The counter hashes every same-bits generator computes: for element i, counters 2i and
+/// 2i+1 of the stream turned into its two uniforms (`Stream::uniform`), and nothing else
+/// (their sum is stored so the work is kept).
 #[inline(always)]
-fn counters_kernel(key: u64, start: u64, out: &mut [f32]) {
-    #[inline(always)]
-    fn bits(key: u64, c: u64) -> u64 {
-        let mut z = key.wrapping_add(c.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    #[inline(always)]
-    fn unit(b: u64) -> f64 {
-        // (a + ½)·2⁻⁵³ as one rounding, exactly `Stream::uniform`'s bits (a·2⁻⁵³ is exact).
-        (b >> 11) as f64 * (1.0 / (1u64 << 53) as f64) + 1.0 / (1u64 << 54) as f64
-    }
+fn counters_kernel(st: &Stream, start: u64, out: &mut [f32]) {
     for (j, o) in out.iter_mut().enumerate() {
         let i = start + j as u64;
-        *o = (unit(bits(key, 2 * i)) + unit(bits(key, 2 * i + 1))) as f32;
+        *o = (st.uniform(2 * i) + st.uniform(2 * i + 1)) as f32;
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma")]
-unsafe fn counters_avx512(key: u64, start: u64, out: &mut [f32]) {
-    counters_kernel(key, start, out)
+unsafe fn counters_avx512(st: &Stream, start: u64, out: &mut [f32]) {
+    counters_kernel(st, start, out)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn counters_avx2(key: u64, start: u64, out: &mut [f32]) {
-    counters_kernel(key, start, out)
-}
-
-/// [`counters_kernel`] on the widest vector units this CPU has.
-fn counters_only(key: u64, start: u64, out: &mut [f32]) {
+/// [`counters_kernel`] compiled for the vector units `fast_normal::fill` uses here.
+fn counters_only(st: &Stream, start: u64, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("fma")
     {
-        let has = |f: &[&str]| f.iter().all(|f| match *f {
-            "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
-            "avx512dq" => std::arch::is_x86_feature_detected!("avx512dq"),
-            "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
-            "avx2" => std::arch::is_x86_feature_detected!("avx2"),
-            _ => std::arch::is_x86_feature_detected!("fma"),
-        });
-        if has(&["avx512f", "avx512dq", "avx512vl", "fma"]) {
-            // SAFETY: the CPU has the features the function is compiled for.
-            return unsafe { counters_avx512(key, start, out) };
-        }
-        if has(&["avx2", "fma"]) {
-            // SAFETY: as above.
-            return unsafe { counters_avx2(key, start, out) };
-        }
+        // SAFETY: the CPU has the features the function is compiled for.
+        return unsafe { counters_avx512(st, start, out) };
     }
-    counters_kernel(key, start, out)
+    counters_kernel(st, start, out)
 }
 
 fn main() {
@@ -301,7 +270,7 @@ fn main() {
     let mut parts = [Vec::new(), Vec::new(), Vec::new()];
     let (mut loss_f, mut loss_2) = (0.0, 0.0);
     let (mut fill_same, mut dev_same, mut fallbacks) = (false, false, 0);
-    let (mut hash, mut hash_same) = (Vec::new(), false);
+    let mut hash = Vec::new();
     let mut inputs = Inputs::default();
     let st = Stream::new(case.data_id(), "logits");
     let same_bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
@@ -340,15 +309,8 @@ fn main() {
 
         // The counter hashes alone (a floor for any generator with these bits).
         let t0 = Instant::now();
-        dlogits.par_chunks_mut(1 << 16).enumerate().for_each(|(c, out)| counters_only(st.key(), (c << 16) as u64, out));
+        dlogits.par_chunks_mut(1 << 16).enumerate().for_each(|(c, out)| counters_only(&st, (c << 16) as u64, out));
         hash.push(t0.elapsed().as_secs_f64());
-        if last {
-            hash_same = (0..1000u64).all(|i| {
-                let mut one = [0f32];
-                counters_only(st.key(), i, &mut one);
-                one[0] == (st.uniform(2 * i) + st.uniform(2 * i + 1)) as f32
-            });
-        }
 
         let (s, l) = fused_once(&case, &inputs, &mut dlogits);
         fu.push(s);
@@ -508,9 +470,8 @@ fn main() {
     let hash_m = median(&hash);
     let floor = fwd + hash_m;
     println!(
-        "floor:   same bits need each row's forward ({fwd:.3} s, the two-pass fwd) + the counter hashes alone ({hash_m:.3} s, {:.2} ns/element; {}) = {floor:.3} s = {:.2}x the fused fwd+bwd before any ln, sqrt or cos: {}",
+        "floor:   same bits need each row's forward ({fwd:.3} s, the two-pass fwd) + the counter hashes alone ({hash_m:.3} s, {:.2} ns/element, Stream::uniform) = {floor:.3} s = {:.2}x the fused fwd+bwd before any ln, sqrt or cos: {}",
         hash_m / n as f64 * 1e9,
-        if hash_same { "the stream's bits" } else { "DIFFER from the stream" },
         floor / fm,
         if floor < fm {
             format!("{:.3} s left for the deviates' arithmetic", fm - floor)

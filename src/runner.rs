@@ -238,12 +238,20 @@ impl TrialOutcome {
     }
 }
 
-/// A case's inputs and oracle, computed once and shared by its trials.
+/// One-device outputs of an implementation on a backend, keyed `backend/implementation`:
+/// each computed once (by the first caller; others wait) or its error.
+type OneDeviceRuns = Mutex<HashMap<String, Arc<OnceLock<Result<Arc<Outputs>, String>>>>>;
+
+/// A case's inputs and oracle, computed once and shared by its trials and by the trials
+/// of its multi-device variants (same data, [`Case::data_id`]).
 pub struct Prepared {
     /// Inputs.
     pub inputs: Inputs,
     /// Oracle.
     pub oracle: Oracle,
+    /// The one-device runs the variants' invariance checks compare against: the batch-
+    /// and vocab-sharded trials of an implementation share one.
+    one_device: OneDeviceRuns,
 }
 
 impl Prepared {
@@ -252,12 +260,24 @@ impl Prepared {
     pub fn new(case: &Case) -> Prepared {
         let (inputs, stats) = Inputs::generate_with_stats(case);
         let oracle = Oracle::with_stats(case, &inputs, stats);
-        Prepared { inputs, oracle }
+        Prepared { inputs, oracle, one_device: Mutex::default() }
+    }
+
+    /// `implementation`'s outputs on `backend` for `case`'s one-device twin, run by the
+    /// first caller.
+    fn one_device_run(&self, backend: &dyn Backend, implementation: &str, twin: &Case, opts: &RunOptions) -> Result<Arc<Outputs>, String> {
+        let cell = self.one_device.lock().unwrap().entry(format!("{}/{implementation}", backend.name())).or_default().clone();
+        cell.get_or_init(|| {
+            let res = backend.run(implementation, twin, &self.inputs, opts).map_err(|e| format!("{e:#}"))?;
+            res.outputs.map(Arc::new).ok_or_else(|| "the backend returned no outputs".to_string())
+        })
+        .clone()
     }
 }
 
-/// Shares [`Prepared`] between the trials of a case that run concurrently, and frees it
-/// when the last of them is done (big cases hold gigabytes).
+/// Shares [`Prepared`] between the trials that use the same data (a case and its
+/// multi-device variants, keyed by [`Case::data_id`]) while they run, and frees it when
+/// the last of them is done (big cases hold gigabytes).
 #[derive(Default)]
 pub struct CaseCache {
     slots: Mutex<HashMap<String, (Arc<OnceLock<Arc<Prepared>>>, usize)>>,
@@ -267,30 +287,30 @@ impl CaseCache {
     /// Announces that `n` more trials will ask for `case`.
     pub fn expect(&self, case: &Case, n: usize) {
         let mut s = self.slots.lock().unwrap();
-        s.entry(case.id.clone()).or_insert_with(|| (Arc::new(OnceLock::new()), 0)).1 += n;
+        s.entry(case.data_id().to_string()).or_insert_with(|| (Arc::new(OnceLock::new()), 0)).1 += n;
     }
 
     /// The prepared case (computed by the first caller, others wait for it).
     pub fn get(&self, case: &Case) -> Arc<Prepared> {
         let cell = {
             let mut s = self.slots.lock().unwrap();
-            s.entry(case.id.clone()).or_insert_with(|| (Arc::new(OnceLock::new()), 1)).0.clone()
+            s.entry(case.data_id().to_string()).or_insert_with(|| (Arc::new(OnceLock::new()), 1)).0.clone()
         };
         cell.get_or_init(|| Arc::new(Prepared::new(case))).clone()
     }
 
     /// Whether `case`'s inputs and oracle are already computed (and held).
     pub fn is_ready(&self, case: &Case) -> bool {
-        self.slots.lock().unwrap().get(&case.id).is_some_and(|(cell, _)| cell.get().is_some())
+        self.slots.lock().unwrap().get(case.data_id()).is_some_and(|(cell, _)| cell.get().is_some())
     }
 
     /// One trial of `case` is done; the last one frees the case.
     pub fn done(&self, case: &Case) {
         let mut s = self.slots.lock().unwrap();
-        if let Some(e) = s.get_mut(&case.id) {
+        if let Some(e) = s.get_mut(case.data_id()) {
             e.1 = e.1.saturating_sub(1);
             if e.1 == 0 {
-                s.remove(&case.id);
+                s.remove(case.data_id());
             }
         }
     }
@@ -317,7 +337,7 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
                     if case.devices > 1 && backend.shards() {
                         match invariance(backend, implementation, case, p, &outputs, opts) {
                             Ok(inv) => out.invariance = Some(inv),
-                            Err(e) => out.verdict = Verdict::Error(format!("the one-device run for the invariance check: {e:#}")),
+                            Err(e) => out.verdict = Verdict::Error(format!("the one-device run for the invariance check: {e}")),
                         }
                     }
                 }
@@ -345,11 +365,11 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
 }
 
 /// Runs `case`'s one-device twin (same data, `devices: 1`) of `implementation` on
-/// `backend` and judges the multi-device `outputs` against it.
-fn invariance(backend: &dyn Backend, implementation: &str, case: &Case, p: &Prepared, outputs: &Outputs, opts: &RunOptions) -> anyhow::Result<Invariance> {
+/// `backend` (once per prepared data, see [`Prepared`]) and judges the multi-device
+/// `outputs` against it.
+fn invariance(backend: &dyn Backend, implementation: &str, case: &Case, p: &Prepared, outputs: &Outputs, opts: &RunOptions) -> Result<Invariance, String> {
     let twin = case.one_device_twin();
-    let res = backend.run(implementation, &twin, &p.inputs, opts)?;
-    let one = res.outputs.ok_or_else(|| anyhow::anyhow!("the backend returned no outputs"))?;
+    let one = p.one_device_run(backend, implementation, &twin, opts)?;
     Ok(Invariance {
         one_device_gates: gates::judge(&twin, &p.inputs, &p.oracle, &one),
         gates: gates::judge_invariance(case, &p.inputs, &p.oracle, outputs, &one),
@@ -383,6 +403,36 @@ mod tests {
     fn only_pass_ignored_and_expected_fail_are_ok() {
         assert!(Verdict::Pass.is_ok() && Verdict::Ignored("x".into()).is_ok() && Verdict::ExpectedFail("x".into()).is_ok());
         assert!(!Verdict::Fail.is_ok() && !Verdict::Error("x".into()).is_ok() && !Verdict::UnexpectedPass("x".into()).is_ok());
+    }
+
+    /// A case and its multi-device variants share one prepared data set (inputs, oracle,
+    /// one-device runs), freed when the last of their trials is done.
+    #[test]
+    fn sharded_variants_share_their_one_device_data_and_runs() {
+        let one = crate::cases::parse_fixed("b: 4, t: 8, v: 300").unwrap();
+        let batch = crate::cases::parse_fixed("b: 4, t: 8, v: 300, devices: 4, sharding: batch").unwrap();
+        let vocab = crate::cases::parse_fixed("b: 4, t: 8, v: 300, devices: 4, sharding: vocab").unwrap();
+        assert!(batch.id != vocab.id && batch.data_id() == one.id && vocab.data_id() == one.id);
+        let cache = CaseCache::default();
+        for c in [&one, &batch, &vocab] {
+            cache.expect(c, 1);
+        }
+        let (p1, p2) = (cache.get(&batch), cache.get(&vocab));
+        assert!(Arc::ptr_eq(&p1, &p2) && cache.is_ready(&one));
+        // The one-device run of an implementation is made once for both variants.
+        let backend = crate::backends::reference::ReferenceBackend::default();
+        let opts = RunOptions { warmup: 0, repeats: 0 };
+        let a = p1.one_device_run(&backend, "oracle", &batch.one_device_twin(), &opts).unwrap();
+        let b = p2.one_device_run(&backend, "oracle", &vocab.one_device_twin(), &opts).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        let c = p1.one_device_run(&backend, "naive_f32", &batch.one_device_twin(), &opts).unwrap();
+        assert!(!Arc::ptr_eq(&a, &c), "another implementation runs on its own");
+        drop((p1, p2));
+        cache.done(&batch);
+        cache.done(&vocab);
+        assert!(cache.is_ready(&one), "the one-device case's trial still holds it");
+        cache.done(&one);
+        assert!(!cache.is_ready(&one), "freed after the last trial");
     }
 
     /// A prepared fused case computes its f64 gradients once: the first gate evaluation

@@ -54,7 +54,7 @@
 //! run time, as in the oracle); its results never do, since every value it keeps is
 //! checked against the radius.
 
-use super::rng::Stream;
+use super::rng::{mix64, Stream};
 
 /// Relative part of the radius: 2⁻⁴⁰.
 pub const REL_RADIUS: f64 = 1.0 / (1u64 << 40) as f64;
@@ -128,14 +128,6 @@ fn cos_turn<const FMA: bool>(t: f64) -> f64 {
     p = madd::<FMA>(p, -z, 1.0 / 120.0);
     p = madd::<FMA>(p, -z, 1.0 / 6.0);
     madd::<FMA>(w * z, -p, w)
-}
-
-/// The SplitMix64 finaliser (the same as [`super::rng::mix64`], inlined here).
-#[inline(always)]
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// [`Stream::uniform`] of raw counter bits: the same bits, with one multiply-add instead
