@@ -166,6 +166,11 @@ pub struct ImplConfig {
     /// vanishes at production ones (gigabytes).
     #[serde(default)]
     pub peak_slack_bytes: u64,
+    /// Speed budget: the implementation's roofline time may be at most this multiple of
+    /// jax_baseline's on the same case and TPU generation (both from derived FLOPs and
+    /// bytes, docs/tpu.md). Judged by `tpu-aot`; absent means "recorded, not judged".
+    #[serde(default)]
+    pub max_roofline_over_baseline: Option<f64>,
     /// Python that exports this implementation (default: the suite's venv, or
     /// `GRPO_PYTHON`): an external implementation's own environment, with `grpo_jax`
     /// installed there (docs/external.md). Relative paths are relative to the config file.
@@ -197,6 +202,7 @@ impl ImplEntry {
                 options: Default::default(),
                 max_peak_over_floor: None,
                 peak_slack_bytes: 0,
+                max_roofline_over_baseline: None,
                 python: None,
                 pythonpath: Vec::new(),
                 cases: None,
@@ -253,6 +259,14 @@ pub fn check_implementations(origin: &str, backend: &str, list: &[ImplEntry]) ->
             }
         } else if c.peak_slack_bytes > 0 {
             bail!("{origin}: backend `{backend}`, implementation `{n}`: peak_slack_bytes without max_peak_over_floor");
+        }
+        if let Some(b) = c.max_roofline_over_baseline {
+            if backend != "tpu-aot" {
+                bail!("{origin}: backend `{backend}`, implementation `{n}`: max_roofline_over_baseline is judged by `tpu-aot` (deviceless roofline times); move it there");
+            }
+            if !(b.is_finite() && b > 0.0) {
+                bail!("{origin}: backend `{backend}`, implementation `{n}`: max_roofline_over_baseline must be a positive number (got {b})");
+            }
         }
         names.push(n);
     }
@@ -368,6 +382,16 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("max_peak_over_floor must be a number ≥ 1"), "{e}");
+        let speed = |backend: &str, v: &str| {
+            Config::parse(&format!("backends:\n  {backend}:\n    topologies: [v6e:2x2]\n    implementations: [{{id: pallas_fused, max_roofline_over_baseline: {v}}}]\n"), "c.yaml")
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        speed("tpu-aot", "1.0").unwrap();
+        assert!(speed("tpu-aot", "0").unwrap_err().contains("max_roofline_over_baseline must be a positive number"));
+        assert!(speed("tpu-aot", ".nan").unwrap_err().contains("positive number"));
+        let e = Config::parse("backends:\n  pjrt-cpu:\n    implementations: [{id: pallas_fused, max_roofline_over_baseline: 1.0}]\n", "c.yaml").unwrap_err().to_string();
+        assert!(e.contains("judged by `tpu-aot`"), "{e}");
         let e = Config::parse(
             "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, reason: ''}\n",
             "c.yaml",

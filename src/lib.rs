@@ -3,7 +3,8 @@
 //! Layout: [`spec`] (the contract's vocabulary), [`cases`] (the YAML matrix), [`inputs`]
 //! (deterministic data), [`oracle`] (f64 reference), [`gates`] (tolerances),
 //! [`golden`] (stored oracle digests), [`backends`] (where implementations run),
-//! [`trials`] (the one trial list both front ends run), [`runner`] (one trial's
+//! [`cost`] (derived FLOPs, bytes and roofline time), [`trials`] (the one trial list
+//! both front ends run), [`runner`] (one trial's
 //! execution and verdict), [`records`] (JSONL results), [`env`] (every `GRPO_*`
 //! variable), [`npy`] (files for Python).
 #![warn(missing_docs)]
@@ -12,6 +13,7 @@ pub mod backends;
 pub mod cases;
 pub mod compare;
 pub mod config;
+pub mod cost;
 pub mod env;
 pub mod gates;
 pub mod golden;

@@ -151,6 +151,22 @@ pub struct TrialOutcome {
     pub memory: Option<Memory>,
     /// Compiler cost analysis, when reported.
     pub cost: Option<std::collections::BTreeMap<String, f64>>,
+    /// Cost derived by the suite (TPU compiles): FLOPs, HBM bytes, every Mosaic kernel's
+    /// derived and declared cost, loop trip counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub derived: Option<crate::cost::DerivedCost>,
+    /// Why the cost could not be derived (a missing figure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_error: Option<String>,
+    /// Roofline time on the backend's TPU generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roofline: Option<crate::cost::roofline::Roofline>,
+    /// The speed budget (roofline against jax_baseline's), when configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed: Option<crate::cost::speed::SpeedReport>,
+    /// Measured time against the roofline (executing TPU backends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency: Option<crate::cost::speed::Efficiency>,
     /// Free-form detail (golden diffs, which case caught a should-fail variant).
     pub detail: Option<String>,
     /// Multi-device runs on an executing backend: the same implementation on one device.
@@ -193,6 +209,11 @@ impl TrialOutcome {
             timing: None,
             memory: None,
             cost: None,
+            derived: None,
+            cost_error: None,
+            roofline: None,
+            speed: None,
+            efficiency: None,
             detail: None,
             invariance: None,
             wall_s: 0.0,
@@ -221,6 +242,12 @@ impl TrialOutcome {
         }
         if let Some(b) = self.budget.as_ref().filter(|b| !b.passed) {
             lines.push(b.message.clone());
+        }
+        if let Some(d) = &self.derived {
+            lines.extend(d.mismatches().into_iter().map(String::from));
+        }
+        if let Some(s) = self.speed.as_ref().filter(|s| !s.passed) {
+            lines.push(s.message.clone());
         }
         match &self.verdict {
             Verdict::Error(e) => lines.insert(0, e.clone()),
@@ -331,6 +358,11 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
             out.timing = res.timing;
             out.memory = res.memory;
             out.cost = res.cost;
+            out.derived = res.derived;
+            out.cost_error = res.cost_error;
+            out.roofline = res.roofline;
+            out.speed = res.speed;
+            out.efficiency = res.efficiency;
             match (res.outputs, prep) {
                 (Some(outputs), Some(p)) => {
                     out.gates = gates::judge(case, &p.inputs, &p.oracle, &outputs);
@@ -353,8 +385,13 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
                     Err(e) => out.verdict = Verdict::Error(e),
                 }
             }
+            if backend.speed_budget(implementation).is_some() && out.speed.is_none() && out.verdict == Verdict::Pass {
+                out.verdict = Verdict::Error("a speed budget is configured but the backend judged none".into());
+            }
             let gates_failed = out.gates.iter().any(|g| !g.passed) || out.invariance.as_ref().is_some_and(|i| !i.passed());
-            let budget_failed = out.budget.as_ref().is_some_and(|b| !b.passed);
+            let budget_failed = out.budget.as_ref().is_some_and(|b| !b.passed)
+                || out.speed.as_ref().is_some_and(|s| !s.passed)
+                || out.derived.as_ref().is_some_and(|d| !d.mismatches().is_empty());
             if out.verdict == Verdict::Pass && (gates_failed || budget_failed) {
                 out.verdict = Verdict::Fail;
             }

@@ -102,6 +102,16 @@ pub struct RunResult {
     pub memory: Option<Memory>,
     /// Compiler cost analysis (flops, transcendentals, bytes accessed), when available.
     pub cost: Option<BTreeMap<String, f64>>,
+    /// Cost derived by the suite (TPU compiles): FLOPs, bytes, kernels checked.
+    pub derived: Option<crate::cost::DerivedCost>,
+    /// Why the cost could not be derived (a missing figure, shown as such).
+    pub cost_error: Option<String>,
+    /// Roofline time on the backend's TPU generation.
+    pub roofline: Option<crate::cost::roofline::Roofline>,
+    /// The speed budget's verdict, when one is configured.
+    pub speed: Option<crate::cost::speed::SpeedReport>,
+    /// Measured time against the roofline (executing TPU backends).
+    pub efficiency: Option<crate::cost::speed::Efficiency>,
 }
 
 /// How a run is measured.
@@ -161,6 +171,12 @@ pub trait Backend: Send + Sync {
 
     /// The configured memory budget of an implementation, if any.
     fn budget(&self, _implementation: &str) -> Option<Budget> {
+        None
+    }
+
+    /// The configured speed budget of an implementation (`max_roofline_over_baseline`),
+    /// if any: the backend then returns a [`RunResult::speed`] verdict (or an error).
+    fn speed_budget(&self, _implementation: &str) -> Option<f64> {
         None
     }
 }

@@ -427,8 +427,33 @@ fn summarize(outcomes: &[TrialOutcome], plan: &Plan, scale: f64, path: &Path) ->
     Ok(())
 }
 
+/// The roofline column: `v6e 62.41ms HBM 5.00mm 39.0fp, 1.34×base (≤1)`, `not derived`
+/// when the cost could not be derived, `-` for trials without a TPU compile.
+pub fn roofline_cell(o: &TrialOutcome) -> String {
+    use grpo_conformance::cost::roofline::{human_time, Bound};
+    match (&o.roofline, &o.derived, &o.cost_error) {
+        (Some(r), Some(d), _) => {
+            let bound = match r.bound {
+                Bound::Mxu => "MXU",
+                Bound::Hbm => "HBM",
+            };
+            let mut cell = format!("{} {} {bound} {}", r.generation, human_time(r.time_s), d.summary());
+            if let Some(s) = &o.speed {
+                cell.push_str(&format!(", {:.2}×base (≤{})", s.ratio, s.max_roofline_over_baseline));
+            }
+            if !d.notes.is_empty() {
+                cell.push_str(" (bound: see notes)");
+            }
+            cell.trim_end().to_string()
+        }
+        (None, Some(d), _) => d.summary(),
+        (_, None, Some(_)) => "not derived".into(),
+        _ => "-".into(),
+    }
+}
+
 fn print_table(outcomes: &[TrialOutcome]) {
-    let rows: Vec<[String; 6]> = outcomes
+    let rows: Vec<[String; 7]> = outcomes
         .iter()
         .map(|o| {
             let worst = match (&o.budget, o.worst()) {
@@ -455,10 +480,10 @@ fn print_table(outcomes: &[TrialOutcome]) {
                 None => "-".into(),
             };
             let trial = o.name.strip_suffix(&format!("/{}", o.case)).unwrap_or(&o.name).to_string();
-            [o.case.clone(), trial, o.verdict.label(), worst, time, peak]
+            [o.case.clone(), trial, o.verdict.label(), worst, time, peak, roofline_cell(o)]
         })
         .collect();
-    let head = ["case", "trial", "verdict", "worst error / budget", "median", "peak"];
+    let head = ["case", "trial", "verdict", "worst error / budget", "median", "peak", "roofline"];
     let mut w = head.map(|h| h.len());
     for r in &rows {
         for (k, c) in r.iter().enumerate() {

@@ -137,6 +137,19 @@ def manifest_for(norm: dict, key: str, exported, shardings=None) -> dict:
     }
 
 
+def derive_kernels(fn, problem) -> dict:
+    """Manifest fields of a TPU export: ``kernels``, the derived cost of each Mosaic kernel
+    (``kernel_cost``), and ``kernel_cost_model``; or ``kernel_cost_error`` (one line) when
+    the derivation fails, which the Rust side reports instead of a figure."""
+    from . import kernel_cost
+    try:
+        kernels = kernel_cost.kernel_costs(fn, [s.struct() for s in input_specs(problem)])
+    except Exception as exc:  # noqa: BLE001 - reported as a missing figure, never a pass
+        return {"kernels": [], "kernel_cost_model": kernel_cost.COST_MODEL_VERSION,
+                "kernel_cost_error": " ".join(f"{type(exc).__name__}: {exc}".split())[:1000]}
+    return {"kernels": kernels, "kernel_cost_model": kernel_cost.COST_MODEL_VERSION}
+
+
 def built_not_provided(norm: dict) -> frozenset:
     from .impls import get
     return frozenset(get(norm["impl"]).not_provided)
@@ -162,8 +175,11 @@ def handle_request(req, cache_dir: Path) -> dict:
         manifest = cache.lookup(cache_dir, key)
         if manifest is not None:
             return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": True}
-        exported = export_function(built.fn, module_problem(norm, built.problem), built.shardings)
+        mod = module_problem(norm, built.problem)
+        exported = export_function(built.fn, mod, built.shardings)
         manifest = manifest_for(norm, key, exported, built.shardings)
+        if norm["platform"] == "tpu":
+            manifest.update(derive_kernels(built.fn, mod))
         cache.store(cache_dir, key, exported.mlir_module_serialized, manifest)
         return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": False}
     except Exception as exc:  # noqa: BLE001 - every failure becomes a result line

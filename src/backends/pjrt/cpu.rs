@@ -131,7 +131,7 @@ impl PjrtCpu {
             .map_err(|e| super::export::explain_compile_failure(e, &spec, &self.plugin, "backends.pjrt-cpu.plugin"))?;
         let outputs = named_outputs(&spec, res.outputs)?;
         let timing = if opts.repeats > 0 || res.timing.compile_s.is_some() { Some(res.timing) } else { None };
-        Ok(RunResult { outputs: Some(outputs), timing, memory: res.memory, cost: res.cost })
+        Ok(RunResult { outputs: Some(outputs), timing, memory: res.memory, cost: res.cost, ..Default::default() })
     }
 }
 

@@ -70,7 +70,7 @@ fn parse_check_answer(text: &str) -> Result<Vec<CheckAnswer>> {
 /// Writes `text` to `path` through a temporary sibling and a rename, so that a process
 /// reading `path` at the same time (parallel runs sharing the artifact cache) sees the
 /// whole file or none. Best effort: a cache that cannot be written is only a cache.
-fn write_atomically(path: &Path, text: &str) {
+pub fn write_atomically(path: &Path, text: &str) {
     let Some(dir) = path.parent() else { return };
     if std::fs::create_dir_all(dir).is_err() {
         return;
@@ -165,6 +165,13 @@ pub struct Manifest {
     /// partial kernel): placeholders in the module, dropped and never gated.
     #[serde(default)]
     pub not_provided: Vec<String>,
+    /// TPU exports: every Mosaic kernel's cost as derived by the exporter from the kernel
+    /// itself (grid, BlockSpecs, index maps, body), with its declared `CostEstimate`.
+    #[serde(default)]
+    pub kernels: Vec<crate::cost::KernelCost>,
+    /// TPU exports whose kernel derivation failed: why (the cost is then not derived).
+    #[serde(default)]
+    pub kernel_cost_error: Option<String>,
 }
 
 fn one() -> usize {
@@ -173,6 +180,7 @@ fn one() -> usize {
 
 /// What the exporter said about one (implementation, case).
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // one per (implementation, case): size does not matter
 pub enum Exported {
     /// A module ready to compile.
     Ready {
@@ -549,6 +557,8 @@ mod tests {
             outputs: vec![],
             not_provided: vec![],
             num_partitions: 1,
+            kernels: vec![],
+            kernel_cost_error: None,
         }
     }
 

@@ -126,7 +126,7 @@ mod imp {
             let args = host_args(&manifest, case, inputs)?;
             let spec = manifest.clone();
             let res = self.worker.lock().unwrap().run(manifest, module, args, opts.warmup, opts.repeats)?;
-            Ok(RunResult { outputs: Some(named_outputs(&spec, res.outputs)?), timing: Some(res.timing), memory: res.memory, cost: res.cost })
+            Ok(RunResult { outputs: Some(named_outputs(&spec, res.outputs)?), timing: Some(res.timing), memory: res.memory, cost: res.cost, ..Default::default() })
         }
 
         fn budget(&self, implementation: &str) -> Option<crate::backends::Budget> {

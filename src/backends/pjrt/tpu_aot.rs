@@ -6,12 +6,16 @@
 //! peak HBM over the floor (arguments + outputs − aliased). The peak is deterministic
 //! for a pinned libtpu, so budgets are conformance, not timing.
 
-use super::export::{Exported, Exporter};
+use super::export::{Exported, Exporter, Manifest};
 use super::worker::{cost_of, memory_of};
 use super::TpuAotConfig;
 use crate::backends::{Backend, RunOptions, RunResult, Timing};
 use crate::cases::Case;
 use crate::config::ImplConfig;
+use crate::cost::roofline::{generation_of_topology, roofline, Generation};
+use crate::cost::speed::{judge, BASELINE};
+use crate::cost::{DerivedCost, COST_MODEL_VERSION};
+use std::collections::HashMap;
 use crate::inputs::Inputs;
 use anyhow::{anyhow, bail, Context, Result};
 use grpo_pjrt::proto::OptionOverrideValue;
@@ -109,6 +113,9 @@ fn compile_lock() -> &'static Mutex<()> {
     &LOCK
 }
 
+/// jax_baseline's derived cost per case id, each computed by the first trial that needs it.
+type BaselineCosts = Mutex<HashMap<String, Arc<OnceLock<Result<DerivedCost, String>>>>>;
+
 /// Deviceless TPU compilation for one topology.
 pub struct TpuAot {
     name: String,
@@ -117,6 +124,8 @@ pub struct TpuAot {
     version: String,
     impls: Vec<ImplConfig>,
     exporter: Arc<Exporter>,
+    /// jax_baseline's derived cost per case id (speed budgets), computed once.
+    baselines: BaselineCosts,
 }
 
 impl TpuAot {
@@ -134,6 +143,7 @@ impl TpuAot {
             version,
             impls: crate::config::enabled(&cfg.implementations),
             exporter: shared_exporter()?,
+            baselines: Mutex::default(),
         })
     }
 
@@ -141,17 +151,20 @@ impl TpuAot {
         super::export::find(&self.impls, implementation)
     }
 
-    /// Compiles a StableHLO module for this topology: memory, cost and compile time.
+    /// Compiles a StableHLO module for this topology: memory, cost (the compiler's and the
+    /// suite's derived one with its roofline time) and compile time.
     ///
     /// Two compiles. The production one (default options) decides the verdict on errors
-    /// and gives the cost analysis and compile time; its `peak_memory_in_bytes` counts
-    /// buffers that memory-space assignment (MSA) prefetches into VMEM too: a module
+    /// and gives the cost analysis, the derived cost (its optimized HLO: what runs, with
+    /// the buffers memory-space assignment keeps in VMEM) and compile time; its
+    /// `peak_memory_in_bytes` counts buffers that MSA prefetches into VMEM too: a module
     /// whose logits fit in VMEM (every ci shape) shows a whole extra logits copy that is
     /// not HBM. The second compile, with `xla_msa_enable=false`, keeps every buffer in
     /// HBM: its peak is the HBM figure (`peak_bytes`, what budgets judge; an upper bound,
     /// since MSA only moves buffers out of HBM). Measured at the nightly shapes (arrays far
     /// larger than VMEM) both peaks agree within 0.3%.
-    pub fn compile_module(&self, module: &Path, num_partitions: usize) -> Result<RunResult> {
+    pub fn compile_module(&self, module: &Path, manifest: &Manifest) -> Result<RunResult> {
+        let num_partitions = manifest.num_partitions;
         let code = std::fs::read(module).with_context(|| format!("cannot read {}", module.display()))?;
         let _guard = compile_lock().lock().unwrap_or_else(|p| p.into_inner());
         let plugin = load_libtpu(&self.plugin)?;
@@ -171,6 +184,7 @@ impl TpuAot {
             .map_err(|e| anyhow!("TPU compile for {} failed: {e}", self.topology))?;
         let compile_s = t0.elapsed().as_secs_f64();
         let with_vmem = memory_of(&exe, "").and_then(|m| m.peak_bytes);
+        let derived = derive_cost(&exe, manifest);
         let mut hbm_only = options.clone();
         hbm_only.option_overrides.push((HBM_ONLY_OPTION.into(), OptionOverrideValue::BoolField(false)));
         if let Some(dir) = std::env::var_os(DUMP_ENV) {
@@ -190,13 +204,94 @@ impl TpuAot {
             Some(m) if m.peak_bytes.is_some() => m.peak_with_vmem_prefetch_bytes = with_vmem,
             _ => bail!("libtpu {} reported no peak memory for the executable", self.version),
         }
+        let (derived, cost_error) = match derived {
+            Ok(d) => (Some(d), None),
+            Err(e) => (None, Some(e)),
+        };
         Ok(RunResult {
             outputs: None,
             timing: Some(Timing { compile_s: Some(compile_s), runs_s: Vec::new() }),
             memory,
             cost: cost_of(&exe),
+            derived,
+            cost_error,
+            ..Default::default()
         })
     }
+
+    /// The derived cost of a module on this topology from the production compile alone
+    /// (no memory figures): what a speed budget needs of the baseline.
+    fn derive_only(&self, module: &Path, manifest: &Manifest) -> Result<DerivedCost, String> {
+        let code = std::fs::read(module).map_err(|e| format!("cannot read {}: {e}", module.display()))?;
+        let _guard = compile_lock().lock().unwrap_or_else(|p| p.into_inner());
+        let plugin = load_libtpu(&self.plugin).map_err(|e| format!("{e:#}"))?;
+        let topo = Topology::create(&plugin, &self.topology, &[]).map_err(|e| format!("libtpu cannot describe topology `{}`: {e}", self.topology))?;
+        let ids: Vec<i64> = (0..manifest.num_partitions.max(1) as i64).collect();
+        let options = super::worker::compile_options(manifest.num_partitions, &ids).map_err(|e| format!("{e:#}"))?;
+        let exe = topo
+            .compile(&Program::mlir_bytecode(code), &options)
+            .map_err(|e| format!("TPU compile for {} failed: {e}", self.topology))?;
+        derive_cost(&exe, manifest)
+    }
+
+    /// The generation of this backend's topology, if the roofline table has it.
+    pub fn generation(&self) -> Option<&'static Generation> {
+        generation_of_topology(&self.topology)
+    }
+
+    /// jax_baseline's derived cost on `case` and this topology (computed once per case and
+    /// process, and kept on disk next to the baseline's export).
+    fn baseline_cost(&self, case: &Case) -> Result<DerivedCost, String> {
+        let cell = self.baselines.lock().unwrap().entry(case.id.clone()).or_default().clone();
+        cell.get_or_init(|| {
+            let base = self.baseline_entry();
+            let (module, manifest) = match self.exporter.get(&base, case).map_err(|e| format!("{e:#}"))? {
+                Exported::Ready { module, manifest } => (module, manifest),
+                Exported::Unsupported(r) => return Err(format!("{BASELINE} does not support the case: {r}")),
+                Exported::Failed(e) => return Err(format!("{BASELINE} export failed: {e}")),
+            };
+            let cached = module.with_file_name(format!("derived-{}-libtpu{}-v{COST_MODEL_VERSION}.json", self.topology.replace(':', "-"), self.version));
+            if let Some(d) = std::fs::read_to_string(&cached).ok().and_then(|t| serde_json::from_str::<DerivedCost>(&t).ok()) {
+                return Ok(d);
+            }
+            let d = self.derive_only(&module, &manifest).map_err(|e| format!("{BASELINE}: {e}"))?;
+            if let Ok(text) = serde_json::to_string(&d) {
+                super::export::write_atomically(&cached, &text);
+            }
+            Ok(d)
+        })
+        .clone()
+    }
+
+    /// The jax_baseline entry speed budgets compare against: the configured one with
+    /// default options if there is one (so its export is shared), else a synthesized one.
+    fn baseline_entry(&self) -> ImplConfig {
+        self.impls
+            .iter()
+            .find(|c| c.id == BASELINE && c.options.is_empty() && !c.is_external())
+            .cloned()
+            .unwrap_or_else(|| {
+                let mut c = crate::config::ImplEntry::Id(BASELINE.into()).resolved();
+                c.name = Some(format!("{BASELINE}@speed-baseline"));
+                c
+            })
+    }
+}
+
+/// The suite's derived cost of a compiled executable: its optimized HLO walked with the
+/// manifest's kernel derivations; `Err` says why it cannot be derived.
+pub fn derive_cost(exe: &grpo_pjrt::Executable, manifest: &Manifest) -> Result<DerivedCost, String> {
+    if let Some(e) = &manifest.kernel_cost_error {
+        return Err(format!("the exporter could not derive the Mosaic kernels' cost: {e}"));
+    }
+    let (format, bytes) = exe
+        .optimized_program()
+        .map_err(|e| format!("libtpu gave no optimized program: {e}"))?
+        .ok_or("libtpu gave no optimized program")?;
+    let module = grpo_pjrt::hlo::decode(&format, &bytes)
+        .ok_or_else(|| format!("the optimized program is in format `{format}`, not HLO"))?
+        .map_err(|e| format!("unreadable optimized HLO: {e}"))?;
+    Ok(crate::cost::hlo_walk::derive(&module, &manifest.kernels))
 }
 
 impl Backend for TpuAot {
@@ -223,16 +318,48 @@ impl Backend for TpuAot {
     }
 
     fn prepare(&self, work: &[(&str, &Case)]) -> Result<()> {
-        self.exporter.prepare_named(&self.impls, work)
+        // Speed budgets compare with jax_baseline on the same case: export it in the batch.
+        let base = self.baseline_entry();
+        let mut w: Vec<(&ImplConfig, &Case)> = Vec::new();
+        for (n, c) in work {
+            if let Some(o) = super::export::find(&self.impls, n) {
+                w.push((o, *c));
+                if o.max_roofline_over_baseline.is_some() {
+                    w.push((&base, *c));
+                }
+            }
+        }
+        self.exporter.ensure(&w)
     }
 
     fn run(&self, implementation: &str, case: &Case, _inputs: &Inputs, _opts: &RunOptions) -> Result<RunResult> {
         let imp = self.options(implementation).with_context(|| format!("{} has no implementation `{implementation}`", self.name))?;
-        match self.exporter.get(imp, case)? {
-            Exported::Ready { module, manifest } => self.compile_module(&module, manifest.num_partitions),
+        let (module, manifest) = match self.exporter.get(imp, case)? {
+            Exported::Ready { module, manifest } => (module, manifest),
             Exported::Unsupported(r) => bail!("unsupported: {r}"),
             Exported::Failed(e) => bail!("{e}"),
+        };
+        let mut res = self.compile_module(&module, &manifest)?;
+        let floor = res.memory.as_ref().and_then(|m| m.floor_bytes);
+        res.derived = res.derived.take().map(|d| d.with_ratios(case, floor));
+        let generation = self.generation();
+        if let (Some(d), Some(g)) = (&res.derived, generation) {
+            res.roofline = Some(roofline(d, g));
         }
+        if imp.id == BASELINE && imp.options.is_empty() && !imp.is_external() {
+            if let Some(d) = &res.derived {
+                // Shared with this case's speed budgets (no second compile).
+                let cell = self.baselines.lock().unwrap().entry(case.id.clone()).or_default().clone();
+                cell.get_or_init(|| Ok(d.clone()));
+            }
+        }
+        if let Some(max) = imp.max_roofline_over_baseline {
+            let g = generation.with_context(|| format!("a speed budget is configured but topology {} has no published peaks in the roofline table (v5e, v6e, tpu7x)", self.topology))?;
+            let own = res.derived.as_ref().ok_or_else(|| anyhow!("a speed budget is configured but the cost could not be derived: {}", res.cost_error.clone().unwrap_or_default()))?;
+            let base = self.baseline_cost(case).map_err(|e| anyhow!("a speed budget is configured but jax_baseline's cost on the case is not available: {e}"))?.with_ratios(case, None);
+            res.speed = Some(judge(max, (own, &roofline(own, g)), (&base, &roofline(&base, g))));
+        }
+        Ok(res)
     }
 
     fn executes(&self) -> bool {
@@ -241,6 +368,10 @@ impl Backend for TpuAot {
 
     fn budget(&self, implementation: &str) -> Option<crate::backends::Budget> {
         self.options(implementation).and_then(crate::backends::Budget::of)
+    }
+
+    fn speed_budget(&self, implementation: &str) -> Option<f64> {
+        self.options(implementation).and_then(|c| c.max_roofline_over_baseline)
     }
 }
 

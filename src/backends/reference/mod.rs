@@ -150,6 +150,6 @@ impl Backend for ReferenceBackend {
             outputs = once()?;
             timing.runs_s.push(t0.elapsed().as_secs_f64());
         }
-        Ok(RunResult { outputs: Some(outputs), timing: (opts.repeats > 0).then_some(timing), memory: None, cost: None })
+        Ok(RunResult { outputs: Some(outputs), timing: (opts.repeats > 0).then_some(timing), ..Default::default() })
     }
 }

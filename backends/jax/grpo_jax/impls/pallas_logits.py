@@ -385,20 +385,56 @@ def _compiler_params(semantics, vmem_limit_bytes):
                                 vmem_limit_bytes=vmem_limit_bytes)
 
 
-def _fwd(zp, idsp, *, plan, temperature, interpret, mask_tail, vmem_limit_bytes):
+def _executed(plan: Plan) -> int:
+    """Elements of the logits tiles the grid computes (a partial edge block counts whole:
+    the kernel runs on the full tile and Pallas drops the rest on write-back)."""
+    return math.prod(pl.cdiv(s, b) * b for s, b in zip(plan.shape, plan.block))
+
+
+def fwd_cost(plan: Plan, itemsize: int, masked: bool, bytes_scale: float = 1.0) -> pl.CostEstimate:
+    """The forward kernel's cost, counted by hand from ``_fwd_kernel`` (XLA conventions:
+    one flop per elementwise result, one per reduced element; exp/log transcendental).
+    Per tile element: convert (non-f32 input), /tau, column add, [< V, select], max,
+    s - m, exp, e > 0, e * d, select, sum e, sum e * d, == id, select, sum: 12 (+1 for a
+    convert, +2 for the tail mask). Per token and vocab tile: 10 running-statistics ops
+    and one exp (alpha); per token at the end: log and 4 ops. Bytes: the logits once
+    (clipped to the array), ids in, lse, logp and entropy out."""
+    v = plan.shape[plan.kv]
+    vtiles = plan.grid[-1]
+    ex = _executed(plan)
+    tok = ex // (vtiles * plan.block[plan.kv])
+    per_elem = 12 + (itemsize != 4) + 2 * masked
+    n = math.prod(plan.shape) // v
+    return pl.CostEstimate(
+        flops=per_elem * ex + 10 * tok * vtiles + 4 * tok,
+        transcendentals=ex + tok * vtiles + tok,
+        bytes_accessed=int(bytes_scale * (n * v * itemsize + 4 * n + 3 * 4 * n)))
+
+
+def bwd_cost(plan: Plan, itemsize: int, masked: bool) -> pl.CostEstimate:
+    """The Pallas backward kernel's cost, counted by hand from ``_bwd_kernel``. Per tile
+    element: convert (non-f32 input), /tau, column add, s - lse, exp, == id, convert,
+    onehot - p, g *, /tau, convert out (non-f32), [< V, select]: 8 (+2 converts, +2 for
+    the tail mask). Bytes: logits in, dlogits out, ids, lse and g."""
+    v = plan.shape[plan.kv]
+    ex = _executed(plan)
+    n = math.prod(plan.shape) // v
+    return pl.CostEstimate(
+        flops=(8 + 2 * (itemsize != 4) + 2 * masked) * ex, transcendentals=ex,
+        bytes_accessed=2 * n * v * itemsize + 3 * 4 * n)
+
+
+def _fwd(zp, idsp, *, plan, temperature, interpret, mask_tail, vmem_limit_bytes,
+         declared_bytes_scale=1.0):
     v = plan.shape[plan.kv]
     bv = plan.block[plan.kv]
     kernel = functools.partial(_fwd_kernel, v=v, block_v=bv, kv=plan.kernel_kv,
                                vgrid=len(plan.grid) - 1, temperature=temperature,
                                mask_tail=mask_tail and v % bv != 0)
-    n = math.prod(plan.shape) // v
     row = jax.ShapeDtypeStruct(_stats_shape(plan), f32)
     rows = _spec(plan, stats=True)
     scratch = tuple(b for b in rows.block_shape if b is not None)  # the kernel's view
-    elems = n * v
-    cost = pl.CostEstimate(
-        flops=12 * elems, transcendentals=elems + 2 * n * plan.grid[-1],
-        bytes_accessed=elems * zp.dtype.itemsize + 4 * n + 3 * 4 * n)
+    cost = fwd_cost(plan, zp.dtype.itemsize, mask_tail and v % bv != 0, declared_bytes_scale)
     return pl.pallas_call(
         kernel,
         grid=plan.grid,
@@ -421,11 +457,7 @@ def _bwd_pallas(zp, idsp, lse, g, *, plan, temperature, interpret, mask_tail,
     kernel = functools.partial(_bwd_kernel, v=v, block_v=bv, kv=plan.kernel_kv,
                                vgrid=len(plan.grid) - 1, temperature=temperature,
                                mask_tail=mask_tail and v % bv != 0)
-    n = math.prod(plan.shape) // v
-    elems = n * v
-    cost = pl.CostEstimate(
-        flops=8 * elems, transcendentals=elems,
-        bytes_accessed=2 * elems * zp.dtype.itemsize + 3 * 4 * n)
+    cost = bwd_cost(plan, zp.dtype.itemsize, mask_tail and v % bv != 0)
     tile = _spec(plan, stats=False)
     return pl.pallas_call(
         kernel,
@@ -448,20 +480,22 @@ def _bwd_jax(zp, idsp, lse, g, *, kv, temperature):
 
 
 def make_logp_entropy(*, plan, temperature, interpret, bwd_impl, mask_tail=True,
-                      vmem_limit_bytes=None):
+                      vmem_limit_bytes=None, declared_bytes_scale=1.0):
     """(zp, idsp) -> (logp, entropy), with SPEC's VJP, in ``plan``'s order:
     zp = transpose(logits, plan.perm) reshaped to plan.shape, idsp the same of
-    ids[..., None] (i32, size 1 on the vocab dim); outputs f32 shaped like idsp."""
+    ids[..., None] (i32, size 1 on the vocab dim); outputs f32 shaped like idsp.
+    ``declared_bytes_scale`` scales the forward kernel's declared bytes (1: honest; the
+    test variant ``tests/data/misdeclared.py`` declares half)."""
     fwd_kw = dict(plan=plan, temperature=temperature, interpret=interpret,
                   mask_tail=mask_tail, vmem_limit_bytes=vmem_limit_bytes)
 
     @jax.custom_vjp
     def logp_entropy(zp, idsp):
-        _, logp, ent = _fwd(zp, idsp, **fwd_kw)
+        _, logp, ent = _fwd(zp, idsp, **fwd_kw, declared_bytes_scale=declared_bytes_scale)
         return logp, ent
 
     def fwd_rule(zp, idsp):
-        lse, logp, ent = _fwd(zp, idsp, **fwd_kw)
+        lse, logp, ent = _fwd(zp, idsp, **fwd_kw, declared_bytes_scale=declared_bytes_scale)
         return (logp, ent), (zp, idsp, lse)
 
     def bwd_rule(res, cts):
@@ -480,7 +514,7 @@ def make_logp_entropy(*, plan, temperature, interpret, bwd_impl, mask_tail=True,
 
 # --------------------------------------------------------------------------- builder
 
-def _per_token_builder(bwd_impl_fixed: Optional[str]):
+def _per_token_builder(bwd_impl_fixed: Optional[str], declared_bytes_scale: float = 1.0):
     def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
         """(logits [B, T, V], ids [B, T]) -> (logp, entropy) [B, T], through the kernels."""
         if problem.level != "logits":
@@ -496,7 +530,8 @@ def _per_token_builder(bwd_impl_fixed: Optional[str]):
             interpret=_interpret(problem.platform, options),
             bwd_impl=bwd_impl_fixed or options["bwd_impl"],
             mask_tail=not options.get("_unsafe_no_tail_mask", False),
-            vmem_limit_bytes=options.get("vmem_limit_bytes"))
+            vmem_limit_bytes=options.get("vmem_limit_bytes"),
+            declared_bytes_scale=declared_bytes_scale)
 
         def per_token_out(x):  # kernel per-token output -> [B, T]
             return jnp.transpose(x.reshape(stats3), inverse).reshape(b, t)
@@ -512,8 +547,8 @@ def _per_token_builder(bwd_impl_fixed: Optional[str]):
     return per_token
 
 
-def _builder(bwd_impl_fixed: Optional[str]):
-    per_token = _per_token_builder(bwd_impl_fixed)
+def _builder(bwd_impl_fixed: Optional[str], declared_bytes_scale: float = 1.0):
+    per_token = _per_token_builder(bwd_impl_fixed, declared_bytes_scale)
 
     def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
         """All SPEC inputs in order -> (loss, metrics..., dlogits)."""

@@ -1,0 +1,123 @@
+//! Speed as conformance: an implementation's roofline time against jax_baseline's on the
+//! same case and generation (`max_roofline_over_baseline`), and on TPU chips the measured
+//! time against the roofline (efficiency). Both sides' figures are derived
+//! ([`super::DerivedCost`]), never declared.
+
+use super::roofline::{human_time, Roofline};
+use super::DerivedCost;
+use serde::{Deserialize, Serialize};
+
+/// The implementation every speed budget is judged against.
+pub const BASELINE: &str = "jax_baseline";
+
+/// A speed budget's verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpeedReport {
+    /// The configured bound on roofline / baseline roofline.
+    pub max_roofline_over_baseline: f64,
+    /// Generation both rooflines are for.
+    pub generation: String,
+    /// This implementation's roofline time, seconds.
+    pub roofline_s: f64,
+    /// jax_baseline's roofline time on the same case and generation, seconds.
+    pub baseline_roofline_s: f64,
+    /// roofline_s / baseline_roofline_s.
+    pub ratio: f64,
+    /// ratio ≤ the bound.
+    pub passed: bool,
+    /// One line: both times and their inputs (FLOPs, bytes), the ratio and the budget.
+    pub message: String,
+}
+
+fn inputs(cost: &DerivedCost, r: &Roofline) -> String {
+    let mm = cost.matmul_equivalents.map(|m| format!("{m:.2} logits-matmuls, ")).unwrap_or_default();
+    format!(
+        "{} ({mm}{:.4e} MXU FLOP weighted, {:.4e} HBM B; {}-bound)",
+        human_time(r.time_s),
+        cost.work.matmul_pass_flops,
+        cost.work.hbm_bytes,
+        if r.mxu_s >= r.hbm_s { "MXU" } else { "HBM" }
+    )
+}
+
+/// Judges `own` against the baseline's roofline with the bound `max`.
+pub fn judge(max: f64, own: (&DerivedCost, &Roofline), baseline: (&DerivedCost, &Roofline)) -> SpeedReport {
+    let ratio = own.1.time_s / baseline.1.time_s;
+    let passed = ratio.is_finite() && ratio <= max;
+    let message = format!(
+        "speed: roofline {} / {BASELINE} {} = {ratio:.3}× on {}; budget {max}×: {}",
+        inputs(own.0, own.1),
+        inputs(baseline.0, baseline.1),
+        own.1.generation,
+        if passed { "within" } else { "OVER BUDGET" }
+    );
+    SpeedReport {
+        max_roofline_over_baseline: max,
+        generation: own.1.generation.clone(),
+        roofline_s: own.1.time_s,
+        baseline_roofline_s: baseline.1.time_s,
+        ratio,
+        passed,
+        message,
+    }
+}
+
+/// Measured time against the roofline on real chips (`pjrt-tpu`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Efficiency {
+    /// Median measured time, seconds.
+    pub measured_s: f64,
+    /// Roofline time, seconds.
+    pub roofline_s: f64,
+    /// measured / roofline (≥ 1 unless the model over-counts).
+    pub measured_over_roofline: f64,
+}
+
+impl Efficiency {
+    /// From a measured median and a roofline; None when either is not a positive number.
+    pub fn of(measured_s: f64, roofline: &Roofline) -> Option<Efficiency> {
+        (measured_s > 0.0 && roofline.time_s > 0.0 && measured_s.is_finite()).then(|| Efficiency {
+            measured_s,
+            roofline_s: roofline.time_s,
+            measured_over_roofline: measured_s / roofline.time_s,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::roofline::{generation_of_topology, roofline};
+    use crate::cost::Work;
+
+    fn cost(flops: f64, bytes: f64) -> DerivedCost {
+        DerivedCost { work: Work { matmul_flops: flops, matmul_pass_flops: flops, hbm_bytes: bytes, ..Default::default() }, ..Default::default() }
+    }
+
+    #[test]
+    fn a_kernel_just_over_its_speed_budget_fails_and_just_under_passes() {
+        let g = generation_of_topology("v6e:2x2").unwrap();
+        let base = cost(0.0, 76.5e9);
+        let rb = roofline(&base, g);
+        for (bytes, pass) in [(76.5e9 * 1.0009, true), (76.5e9 * 1.0011, false), (102.4e9, false), (8e9, true)] {
+            let own = cost(0.0, bytes);
+            let r = judge(1.001, (&own, &roofline(&own, g)), (&base, &rb));
+            assert_eq!(r.passed, pass, "{}", r.message);
+            assert!((r.ratio - bytes / 76.5e9).abs() < 1e-12);
+            assert!(r.message.contains("jax_baseline") && r.message.contains("HBM B"), "{}", r.message);
+            assert_eq!(r.message.contains("OVER BUDGET"), !pass);
+        }
+        // A NaN time never passes.
+        let nan = cost(0.0, f64::NAN);
+        assert!(!judge(10.0, (&nan, &roofline(&nan, g)), (&base, &rb)).passed);
+    }
+
+    #[test]
+    fn efficiency_is_measured_over_roofline() {
+        let g = generation_of_topology("v6e:2x2").unwrap();
+        let r = roofline(&cost(0.0, 1.638e9), g); // 1 ms
+        let e = Efficiency::of(2.5e-3, &r).unwrap();
+        assert!((e.measured_over_roofline - 2.5).abs() < 1e-9, "{e:?}");
+        assert!(Efficiency::of(0.0, &r).is_none() && Efficiency::of(f64::NAN, &r).is_none());
+    }
+}
