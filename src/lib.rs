@@ -25,6 +25,7 @@ pub mod records;
 pub mod report;
 pub mod runner;
 pub mod spec;
+pub mod sweep;
 pub mod trials;
 
 use std::path::PathBuf;

@@ -123,6 +123,8 @@ pub enum TrialKind {
     Golden,
     /// A deliberately wrong implementation that must fail some case of the suite.
     ShouldFail,
+    /// One option set of `grpo-suite sweep` compiled deviceless on one topology.
+    Sweep,
 }
 
 /// A trial's full result (one record line).

@@ -3,6 +3,7 @@
 mod golden_cmd;
 mod inputs_cmd;
 mod run_cmd;
+mod sweep_cmd;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -62,6 +63,10 @@ pub enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Compile every option set of an implementation's search space deviceless on TPU
+    /// topologies for one case and print compiles, peak/floor, matmuls, HBM bytes and
+    /// roofline time against jax_baseline's; the best within the budgets.
+    Sweep(sweep_cmd::SweepArgs),
     /// Write a case's inputs and the oracle's outputs as .npy files plus case.json.
     Inputs {
         /// The case id (see `grpo-suite cases --suite full`).
@@ -92,6 +97,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Run(args) => run_cmd::run(&matrix, &cli.cases, args),
+        Command::Sweep(args) => sweep_cmd::run(&matrix, args),
         Command::Golden { action } => golden_cmd::run(&matrix, action),
         Command::Report { run, baseline, out } => {
             let w = grpo_conformance::report::write(&run, baseline.as_deref(), &out)?;

@@ -214,7 +214,8 @@ def list_impls() -> list[dict]:
         caps = {k: (sorted(v) if isinstance(v, frozenset) else v)
                 for k, v in vars(impl.capabilities).items()}
         rows.append({"id": impl.id, "description": impl.description, "capabilities": caps,
-                     "default_options": dict(impl.default_options)})
+                     "default_options": dict(impl.default_options),
+                     "search_space": {k: list(v) for k, v in impl.search_space.items()}})
     return rows
 
 

@@ -178,6 +178,22 @@ fn one() -> usize {
     1
 }
 
+/// One implementation of the exporter's registry (`--list-impls`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ImplInfo {
+    /// Id.
+    pub id: String,
+    /// One line.
+    #[serde(default)]
+    pub description: String,
+    /// Options and their defaults.
+    #[serde(default)]
+    pub default_options: serde_json::Map<String, serde_json::Value>,
+    /// Option -> values worth sweeping (`grpo-suite sweep`).
+    #[serde(default)]
+    pub search_space: serde_json::Map<String, serde_json::Value>,
+}
+
 /// What the exporter said about one (implementation, case).
 #[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant)] // one per (implementation, case): size does not matter
@@ -417,6 +433,22 @@ impl Exporter {
             }
         }
         Ok(())
+    }
+
+    /// The registry of the suite's exporter (`--list-impls`): ids, default options and
+    /// the search spaces `grpo-suite sweep` uses.
+    pub fn list_impls(&self) -> Result<Vec<ImplInfo>> {
+        let env = &self.default_env;
+        let out = env
+            .command()
+            .args(["-m", "grpo_jax.export", "--protocol", &PROTOCOL.to_string(), "--list-impls"])
+            .stderr(Stdio::piped())
+            .output()
+            .with_context(|| format!("cannot start the exporter {}", env.describe()))?;
+        if !out.status.success() {
+            return Err(exporter_failure(env, out.status, &out.stderr));
+        }
+        serde_json::from_slice(&out.stdout).context("unreadable --list-impls answer")
     }
 
     /// The exporter's answer for one (implementation, case), exporting it if needed.

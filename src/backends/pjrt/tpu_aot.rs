@@ -96,6 +96,13 @@ pub fn topology_chips(topology: &str) -> Option<usize> {
     dims.split('x').map(|d| d.trim().parse::<usize>().ok()).product()
 }
 
+/// Devices of a topology: its chips times the devices per chip of its generation (a
+/// tpu7x chip is two devices, one per TensorCore: libtpu describes `tpu7x:2x2x1` as 8).
+pub fn topology_devices(topology: &str) -> Option<usize> {
+    let per_chip = crate::cost::roofline::generation_of_topology(topology).map_or(1, |g| g.devices_per_chip as usize);
+    topology_chips(topology).map(|c| c * per_chip)
+}
+
 /// One TPU export per (implementation, case), shared by every topology.
 fn shared_exporter() -> Result<Arc<Exporter>> {
     static EXPORTER: OnceLock<Arc<Exporter>> = OnceLock::new();
@@ -147,6 +154,11 @@ impl TpuAot {
         })
     }
 
+    /// The exporter this backend uses (shared by every topology).
+    pub fn exporter(&self) -> &Exporter {
+        &self.exporter
+    }
+
     fn options(&self, implementation: &str) -> Option<&ImplConfig> {
         super::export::find(&self.impls, implementation)
     }
@@ -170,9 +182,9 @@ impl TpuAot {
         let plugin = load_libtpu(&self.plugin)?;
         let topo = Topology::create(&plugin, &self.topology, &[])
             .map_err(|e| anyhow!("libtpu {} cannot describe topology `{}`: {e}", self.version, self.topology))?;
-        let chips = topo.device_descriptions().map(|d| d.len()).unwrap_or(0);
-        if num_partitions > chips.max(1) {
-            bail!("the module is partitioned over {num_partitions} devices but topology {} has {chips} chips", self.topology);
+        let devices = topo.device_descriptions().map(|d| d.len()).unwrap_or(0);
+        if num_partitions > devices.max(1) {
+            bail!("the module is partitioned over {num_partitions} devices but topology {} has {devices}", self.topology);
         }
         // SPMD over the first N chips of the topology (ids 0..N).
         let ids: Vec<i64> = (0..num_partitions.max(1) as i64).collect();
@@ -198,7 +210,7 @@ impl TpuAot {
             .map_err(|e| anyhow!("TPU compile for {} with {HBM_ONLY_OPTION}=false failed: {e}", self.topology))?;
         let mut memory = memory_of(
             &exe_hbm,
-            &format!("libtpu {} {} (deviceless, per chip, HBM: {HBM_ONLY_OPTION}=false)", self.version, self.topology),
+            &format!("libtpu {} {} (deviceless, per device, HBM: {HBM_ONLY_OPTION}=false)", self.version, self.topology),
         );
         match memory.as_mut() {
             Some(m) if m.peak_bytes.is_some() => m.peak_with_vmem_prefetch_bytes = with_vmem,
@@ -307,8 +319,8 @@ impl Backend for TpuAot {
         let Some(imp) = self.options(implementation) else {
             return Err(format!("{} has no implementation `{implementation}` configured", self.name));
         };
-        if let Some(chips) = topology_chips(&self.topology).filter(|&c| case.devices > c) {
-            return Err(format!("the case needs {} chips, topology {} has {chips}", case.devices, self.topology));
+        if let Some(devices) = topology_devices(&self.topology).filter(|&c| case.devices > c) {
+            return Err(format!("the case needs {} devices, topology {} has {devices}", case.devices, self.topology));
         }
         self.exporter.support(imp, case)
     }
@@ -383,5 +395,7 @@ mod chip_tests {
         assert_eq!(super::topology_chips("v6e:2x4"), Some(8));
         assert_eq!(super::topology_chips("v5e:2x2x1"), Some(4));
         assert_eq!(super::topology_chips("bogus"), None);
+        assert_eq!(super::topology_devices("v6e:2x4"), Some(8));
+        assert_eq!(super::topology_devices("tpu7x:2x2x1"), Some(8));
     }
 }

@@ -30,6 +30,12 @@ pub struct JobResult {
     pub memory: Option<Memory>,
     /// Cost analysis (flops, bytes accessed, ...), when the plugin implements it.
     pub cost: Option<std::collections::BTreeMap<String, f64>>,
+    /// TPU modules: the suite's derived cost of the compiled executable, or why not.
+    #[cfg_attr(not(feature = "tpu"), allow(dead_code))]
+    pub derived: Option<Result<crate::cost::DerivedCost, String>>,
+    /// Kind of the first device (`TPU v6 lite`, ...): which generation's peaks apply.
+    #[cfg_attr(not(feature = "tpu"), allow(dead_code))]
+    pub device_kind: Option<String>,
 }
 
 struct Job {
@@ -335,7 +341,9 @@ fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: 
     }
     let memory = memory_of(exe.executable(), platform_label);
     let cost = cost_of(exe.executable());
-    Ok(JobResult { outputs, timing, memory, cost })
+    let derived = (m.platform == "tpu").then(|| super::tpu_aot::derive_cost(exe.executable(), m));
+    let device_kind = devices.first().and_then(|d| d.kind().ok());
+    Ok(JobResult { outputs, timing, memory, cost, derived, device_kind })
 }
 
 /// Compiled memory statistics as [`Memory`] (floor filled in), labelled with `source`.

@@ -88,6 +88,9 @@ class Implementation:
     # dhidden comes back in f32 unrounded (the wrapper sums shards' partials in f32).
     # None: the implementation runs on one device only.
     per_token: Optional[Callable] = None
+    # The option values worth comparing on TPU (``grpo-suite sweep``): option -> values;
+    # the sweep compiles every combination deviceless. Empty: nothing to sweep.
+    search_space: Mapping[str, tuple] = field(default_factory=dict)
 
     def resolve_options(self, options: Mapping[str, Any]) -> dict:
         """Defaults merged with the request's ``impl_options``; unknown keys are errors."""

@@ -611,4 +611,6 @@ IMPLEMENTATION = Implementation(
     extra_check=extra_check,
     validate_options=_validate_options,
     per_token=per_token,
+    search_space={"block_tokens": (128, 256, 512, 1024), "block_v": (256, 512, 1024, 2048),
+                  "bwd_dz_dtype": ("input", "f32")},
 )

@@ -557,6 +557,8 @@ def _builder(bwd_impl_fixed: Optional[str], declared_bytes_scale: float = 1.0):
 
 
 _CAPS = Capabilities(levels=frozenset({"logits"}), platforms=frozenset({"cpu", "tpu"}))
+# What `grpo-suite sweep` compares: blocks of 64 to 512 tokens by 512 to 4096 vocab entries.
+_SPACE = {"block_rows": (64, 128, 256, 512), "block_v": (512, 1024, 2048, 4096)}
 _COMMON_OPTIONS = {"block_rows": 128, "block_v": 2048, "interpret": None,
                    "logits_layout": None, "vmem_limit_bytes": None}
 
@@ -571,6 +573,7 @@ IMPLEMENTATION = Implementation(
     extra_check=extra_check,
     validate_options=_validate_options,
     per_token=_per_token_builder(None),
+    search_space=_SPACE,
 )
 
 IMPLEMENTATION_JAXBWD = Implementation(
@@ -582,4 +585,5 @@ IMPLEMENTATION_JAXBWD = Implementation(
     extra_check=extra_check,
     validate_options=_validate_options,
     per_token=_per_token_builder("jax"),
+    search_space=_SPACE,
 )

@@ -247,4 +247,6 @@ IMPLEMENTATION = Implementation(
     extra_check=lambda p, k, o: _validate_options(o),
     validate_options=_validate_options,
     per_token=per_token,
+    # Few: libtpu takes minutes per compile of these loops at the seeds' shape.
+    search_space={"chunk_tokens": (512, 2048), "chunk_vocab": (4096, 16384)},
 )
