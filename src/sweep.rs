@@ -181,7 +181,7 @@ mod tests {
     fn row(topology: &str, name: &str, time_s: Option<f64>, verdict: Verdict) -> (String, TrialOutcome) {
         let mut o = TrialOutcome::new(format!("tpu-aot-{topology}/{name}/c"), TrialKind::Sweep, topology, name, "c");
         o.verdict = verdict;
-        o.roofline = time_s.map(|t| Roofline { generation: "v6e".into(), peak_flops: 1.0, hbm_bytes_per_s: 1.0, mxu_s: t, hbm_s: 0.0, time_s: t, bound: Bound::Mxu });
+        o.roofline = time_s.map(|t| Roofline { generation: "v6e".into(), peak_flops: 1.0, hbm_bytes_per_s: 1.0, mxu_s: t, hbm_s: 0.0, steps_s: 0.0, time_s: t, bound: Bound::Mxu });
         (topology.to_string(), o)
     }
 

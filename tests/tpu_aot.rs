@@ -140,7 +140,7 @@ fn xla_chunked_flops_count_every_loop_trip() {
     assert!(xla < 0.5 * hand, "XLA's cost analysis now counts loop trips ({xla}): revisit docs/tpu.md");
     let r = o.roofline.as_ref().expect("a roofline on v6e");
     assert_eq!(r.generation, "v6e");
-    assert!(r.time_s > 0.0 && r.time_s == r.mxu_s.max(r.hbm_s));
+    assert!(r.time_s > 0.0 && r.steps_s == 0.0 && r.time_s == r.mxu_s.max(r.hbm_s), "no Pallas kernel: no grid steps");
 }
 
 /// A speed budget compares the roofline with jax_baseline's on the same case and

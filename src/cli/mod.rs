@@ -1,5 +1,6 @@
 //! Command-line interface (clap). Each subcommand lives in its own module.
 
+mod cost_cmd;
 mod golden_cmd;
 mod inputs_cmd;
 mod run_cmd;
@@ -67,6 +68,9 @@ pub enum Command {
     /// topologies for one case and print compiles, peak/floor, matmuls, HBM bytes and
     /// roofline time against jax_baseline's; the best within the budgets.
     Sweep(sweep_cmd::SweepArgs),
+    /// The derived cost and roofline of one exported TPU module (an artifact directory):
+    /// where the HBM bytes and MXU FLOPs go, loops and their trip counts, kernels.
+    Cost(cost_cmd::CostArgs),
     /// Write a case's inputs and the oracle's outputs as .npy files plus case.json.
     Inputs {
         /// The case id (see `grpo-suite cases --suite full`).
@@ -98,6 +102,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Run(args) => run_cmd::run(&matrix, &cli.cases, args),
         Command::Sweep(args) => sweep_cmd::run(&matrix, args),
+        Command::Cost(args) => cost_cmd::run(args),
         Command::Golden { action } => golden_cmd::run(&matrix, action),
         Command::Report { run, baseline, out } => {
             let w = grpo_conformance::report::write(&run, baseline.as_deref(), &out)?;

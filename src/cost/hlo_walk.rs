@@ -9,8 +9,8 @@
 //!   that live in HBM (memory space 0 of their layouts; buffers that memory-space
 //!   assignment placed in VMEM count nothing) plus the explicit prefetch/eviction copies
 //!   (`copy-start`). A fusion reads a parameter used only through (dynamic) slices or
-//!   gathers as those slices, writes a dynamic-update-slice in place as its update; an
-//!   unfused slice reads its result's bytes (XLA's cost-analysis conventions).
+//!   gathers as those slices, writes a dynamic-update-slice or a scatter in place as its
+//!   update; an unfused slice reads its result's bytes (XLA's cost-analysis conventions).
 //! - **FLOPs**: `dot` 2·M·N·K (weighted by bf16 passes for the roofline: an f32 operand at
 //!   HIGHEST 6, HIGH 3, DEFAULT 1); elementwise ops one per result element, reductions
 //!   one per input element, transcendental ops (exp, log, tanh, ...) as transcendentals.
@@ -55,6 +55,7 @@ pub fn derive(module: &HloModule, kernels: &[KernelCost]) -> DerivedCost {
         loops: Vec::new(),
         notes: Vec::new(),
         top: Vec::new(),
+        grid_steps: 0.0,
     };
     let entry = module
         .computations
@@ -76,6 +77,7 @@ pub fn derive(module: &HloModule, kernels: &[KernelCost]) -> DerivedCost {
         model_version: COST_MODEL_VERSION,
         work: w.total,
         kernel_work: w.kernel_work,
+        grid_steps: w.grid_steps,
         kernels: w.uses,
         loops: w.loops,
         notes: w.notes,
@@ -93,6 +95,7 @@ struct Walker<'a> {
     loops: Vec<LoopTrip>,
     notes: Vec<String>,
     top: Vec<Contributor>,
+    grid_steps: f64,
 }
 
 /// Bytes of the array leaves of `s` that live in HBM (memory space 0).
@@ -324,12 +327,6 @@ impl<'a> Walker<'a> {
     /// result as written (an in-place dynamic-update-slice writes its update).
     fn fusion_bytes(&self, inst: &HloInstruction, fused: &HloComputation, outer: &HashMap<i64, &HloInstruction>) -> f64 {
         let by_id: HashMap<i64, &HloInstruction> = fused.instructions.iter().map(|i| (i.id, i)).collect();
-        let mut users: HashMap<i64, Vec<&HloInstruction>> = HashMap::new();
-        for i in &fused.instructions {
-            for o in &i.operand_ids {
-                users.entry(*o).or_default().push(i);
-            }
-        }
         let mut read = 0.0;
         for p in fused.instructions.iter().filter(|i| i.opcode == "parameter") {
             let Some(arg) = inst.operand_ids.get(p.parameter_number as usize).and_then(|o| outer.get(o)) else { continue };
@@ -337,15 +334,8 @@ impl<'a> Walker<'a> {
             if arg_shape.memory_space() != 0 {
                 continue;
             }
-            let us = users.get(&p.id).map(Vec::as_slice).unwrap_or(&[]);
-            let first_operand = |u: &&HloInstruction| u.operand_ids.first() == Some(&p.id);
-            read += if !us.is_empty() && us.iter().all(|u| matches!(u.opcode.as_str(), "slice" | "dynamic-slice" | "gather") && first_operand(u)) {
-                us.iter().map(|u| shape_of(u).bytes() as f64).sum()
-            } else if !us.is_empty() && us.iter().all(|u| u.opcode == "dynamic-update-slice" && first_operand(u)) {
-                0.0 // updated in place: only the update is written
-            } else {
-                hbm_bytes(&arg_shape)
-            };
+            let full = hbm_bytes(&arg_shape);
+            read += self.param_read(fused, p.id, full, 0).min(full);
         }
         // Results: the fusion's output leaves, with in-place updates at their update size.
         let out_shape = shape_of(inst);
@@ -365,10 +355,53 @@ impl<'a> Walker<'a> {
                 Some(r) if r.opcode == "dynamic-update-slice" => {
                     r.operand_ids.get(1).and_then(|u| by_id.get(u)).map_or(0.0, |u| shape_of(u).bytes() as f64)
                 }
+                // A scatter updates its operand in place: it writes its updates (the last operand).
+                Some(r) if r.opcode == "scatter" => {
+                    r.operand_ids.last().and_then(|u| by_id.get(u)).map_or(0.0, |u| shape_of(u).bytes() as f64)
+                }
                 _ => leaf.bytes() as f64,
             };
         }
         read + written
+    }
+
+    /// The bytes of `value` (an instruction of `comp`, `full` bytes in all) that `comp`
+    /// reads: the slices, gathers and nested fusions' reads of it, or all of it when any
+    /// other instruction uses it whole; 0 when it is only updated in place.
+    fn param_read(&self, comp: &HloComputation, value: i64, full: f64, depth: usize) -> f64 {
+        if depth > 8 {
+            return full;
+        }
+        let users: Vec<&HloInstruction> = comp.instructions.iter().filter(|i| i.operand_ids.contains(&value)).collect();
+        if users.is_empty() {
+            return 0.0;
+        }
+        let mut total = 0.0;
+        for u in users {
+            let first = u.operand_ids.first() == Some(&value);
+            total += match u.opcode.as_str() {
+                "slice" | "dynamic-slice" | "gather" if first => shape_of(u).bytes() as f64,
+                // Updated in place: only the update is written (the result aliases it).
+                "dynamic-update-slice" | "scatter" if first => 0.0,
+                "bitcast" | "reshape" | "copy" => self.param_read(comp, u.id, full, depth + 1),
+                "fusion" => {
+                    let inner = u.called_computation_ids.first().and_then(|&c| self.comp(c));
+                    let k = u.operand_ids.iter().position(|&o| o == value);
+                    match (inner, k) {
+                        (Some(inner), Some(k)) => match inner.instructions.iter().find(|i| i.opcode == "parameter" && i.parameter_number == k as i64) {
+                            Some(p) => self.param_read(inner, p.id, full, depth + 1),
+                            None => full,
+                        },
+                        _ => full,
+                    }
+                }
+                _ => full,
+            };
+            if total >= full {
+                return full;
+            }
+        }
+        total
     }
 
     fn custom_call(&mut self, inst: &HloInstruction, by_id: &HashMap<i64, &HloInstruction>, mult: f64, acc: &mut Work) {
@@ -385,6 +418,7 @@ impl<'a> Walker<'a> {
                         let mut w = own.clone();
                         w.hbm_bytes -= vmem_block_bytes(k, &operands, &results);
                         self.contribute(inst, format!("kernel {}", k.name), mult, &w);
+                        self.grid_steps += mult * k.steps as f64;
                         acc.add_scaled(&w, mult);
                         self.kernel_work.add_scaled(&w, mult);
                         if let Some(u) = self.uses.iter_mut().find(|u| u.name == k.name && u.derived == own) {
@@ -652,6 +686,28 @@ mod tests {
     }
 
     #[test]
+    fn an_operand_sliced_inside_a_nested_fusion_is_read_as_its_slice() {
+        // XLA:TPU nests the dynamic-slice of a loop's chunk in a kLoop fusion inside the
+        // matmul's kOutput fusion: the LM head must still count as its chunk, not whole.
+        let mut m = chunk_loop(7, true);
+        let big = arr(primitive::BF16, &[4096, 1024]);
+        let s32 = Shape { layout: Some(Layout { minor_to_major: vec![], memory_space: 6 }), ..arr(primitive::S32, &[]) };
+        let inner = comp(11, 113, vec![
+            HloInstruction { parameter_number: 0, ..i(110, "parameter", big.clone(), &[]) },
+            HloInstruction { parameter_number: 1, ..i(111, "parameter", s32.clone(), &[]) },
+            konst(112, 0),
+            i(113, "dynamic-slice", arr(primitive::BF16, &[512, 1024]), &[110, 111, 112]),
+        ]);
+        let fused = &mut m.computations[0];
+        fused.instructions[4] = HloInstruction { called_computation_ids: vec![11], ..i(104, "fusion", arr(primitive::BF16, &[512, 1024]), &[100, 102]) };
+        fused.instructions.remove(3);
+        m.computations.insert(0, inner);
+        let d = derive(&m, &[]);
+        assert_eq!(d.work.hbm_bytes, 7.0 * (512.0 * 1024.0 * 2.0 + 8.0 * 1024.0 * 2.0), "{:?}", d.top);
+        assert_eq!(d.work.matmul_flops, 7.0 * 2.0 * 8.0 * 512.0 * 1024.0);
+    }
+
+    #[test]
     fn f32_dots_weigh_their_bf16_passes() {
         let f = primitive::F32;
         assert_eq!(xla_dot_passes(f, f, &[2, 2]), 6.0);
@@ -704,6 +760,7 @@ mod tests {
         assert_eq!(d.kernel_work.hbm_bytes, 65536.0);
         assert_eq!(d.kernels.len(), 1);
         assert_eq!((d.kernels[0].name.as_str(), d.kernels[0].invocations), ("grpo_logp_fwd", 1.0));
+        assert_eq!(d.grid_steps, 4.0, "the kernel's grid steps");
         assert!(d.mismatches().is_empty());
         let half = [kernel("grpo_logp_fwd", 65536.0, 32768.0)];
         let d = derive(&kernel_module("jit(fn)/jvp(grpo_logp_fwd)/pallas_call"), &half);

@@ -238,6 +238,10 @@ pub struct DerivedCost {
     pub work: Work,
     /// The part in Mosaic kernels.
     pub kernel_work: Work,
+    /// Pallas grid steps of all kernel invocations (each costs a fixed pipeline overhead:
+    /// [`roofline::STEP_OVERHEAD_S`]).
+    #[serde(default)]
+    pub grid_steps: f64,
     /// Every Mosaic kernel the module runs (one entry per distinct kernel).
     #[serde(default)]
     pub kernels: Vec<KernelUse>,

@@ -1,6 +1,8 @@
 //! Roofline time per TPU generation: max(MXU time, HBM time) of a [`DerivedCost`], from the
 //! published per-chip peaks in [`GENERATIONS`] (the one table of them in the code; their
-//! sources are in docs/tpu.md).
+//! sources are in docs/tpu.md), plus the fixed cost of the Pallas kernels' grid steps
+//! ([`STEP_OVERHEAD_S`], fitted on the seeds' measured v6e times: a roofline alone ranks
+//! their 8-row-block logits kernel faster than the baseline it was 6× slower than).
 
 use super::DerivedCost;
 use serde::{Deserialize, Serialize};
@@ -31,6 +33,14 @@ impl Generation {
         self.chip_hbm_bytes_per_s / self.devices_per_chip as f64
     }
 }
+
+/// Fixed cost of one Pallas grid step (the pipeline's DMA issue and wait, semaphores and
+/// loop control), seconds. Not published: fitted on seed 002's measured v6e time of its
+/// logits kernel (55.21 ms for 115,200 grid steps whose derived MXU/HBM time is 6.13 ms:
+/// (55.21 − 6.13) / 115,200 = 0.426 µs), and checked against the same seed's variant with
+/// a JAX backward (76,800 steps, 12.19 ms derived: model 45.2 ms, measured 52.9 ms).
+/// Applied to every generation (measured on v6e only; docs/tpu.md).
+pub const STEP_OVERHEAD_S: f64 = 0.43e-6;
 
 /// The generations the suite compiles for, with their published peaks.
 pub const GENERATIONS: [Generation; 3] = [
@@ -108,9 +118,12 @@ pub struct Roofline {
     pub mxu_s: f64,
     /// HBM time: bytes / bandwidth.
     pub hbm_s: f64,
-    /// max(mxu_s, hbm_s).
+    /// Pallas grid steps × [`STEP_OVERHEAD_S`].
+    #[serde(default)]
+    pub steps_s: f64,
+    /// max(mxu_s, hbm_s) + steps_s.
     pub time_s: f64,
-    /// Which one.
+    /// Which of MXU and HBM is the larger.
     pub bound: Bound,
 }
 
@@ -120,8 +133,9 @@ pub fn roofline(cost: &DerivedCost, g: &Generation) -> Roofline {
     let bw = g.device_hbm_bytes_per_s();
     let mxu_s = cost.work.matmul_pass_flops / peak;
     let hbm_s = cost.work.hbm_bytes / bw;
+    let steps_s = cost.grid_steps * STEP_OVERHEAD_S;
     let (time_s, bound) = if mxu_s >= hbm_s { (mxu_s, Bound::Mxu) } else { (hbm_s, Bound::Hbm) };
-    Roofline { generation: g.name.to_string(), peak_flops: peak, hbm_bytes_per_s: bw, mxu_s, hbm_s, time_s, bound }
+    Roofline { generation: g.name.to_string(), peak_flops: peak, hbm_bytes_per_s: bw, mxu_s, hbm_s, steps_s, time_s: time_s + steps_s, bound }
 }
 
 /// `46.63ms`, `812.4µs`.
@@ -138,10 +152,10 @@ pub fn human_time(s: f64) -> String {
 }
 
 impl Roofline {
-    /// One line: `v6e 46.63ms (HBM: 76.5 GB at 1638 GB/s; MXU 33.3ms)`.
+    /// One line: the time, the bound, and each term with its inputs.
     pub fn describe(&self, cost: &DerivedCost) -> String {
         format!(
-            "{} {} ({}-bound: {:.4e} MXU FLOP (bf16-pass weighted) at {:.0} TFLOP/s = {}, {:.4e} HBM B at {:.0} GB/s = {})",
+            "{} {} ({}-bound: {:.4e} MXU FLOP (bf16-pass weighted) at {:.0} TFLOP/s = {}, {:.4e} HBM B at {:.0} GB/s = {}; + {} grid steps × {} = {})",
             self.generation,
             human_time(self.time_s),
             match self.bound {
@@ -153,7 +167,10 @@ impl Roofline {
             human_time(self.mxu_s),
             cost.work.hbm_bytes,
             self.hbm_bytes_per_s / 1e9,
-            human_time(self.hbm_s)
+            human_time(self.hbm_s),
+            cost.grid_steps,
+            format!("{:.2}µs", STEP_OVERHEAD_S * 1e6),
+            human_time(self.steps_s)
         )
     }
 }
@@ -183,6 +200,10 @@ mod tests {
         let r = roofline(&cost, v6e);
         assert!((r.hbm_s - 1e-3).abs() < 1e-12 && (r.mxu_s - 0.5e-3).abs() < 1e-12, "{r:?}");
         assert_eq!((r.time_s, r.bound), (r.hbm_s, Bound::Hbm));
+        // Pallas grid steps add their fixed cost to the larger term.
+        let stepped = DerivedCost { grid_steps: 1000.0, ..cost.clone() };
+        let r = roofline(&stepped, v6e);
+        assert!((r.time_s - (1e-3 + 1000.0 * STEP_OVERHEAD_S)).abs() < 1e-12, "{r:?}");
         // f32 matmuls at HIGHEST weigh 6 passes: now MXU-bound at 3 ms.
         let heavy = DerivedCost { work: Work { matmul_pass_flops: 6.0 * 4.59e11, ..cost.work.clone() }, ..Default::default() };
         let r = roofline(&heavy, v6e);
