@@ -549,7 +549,7 @@ def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[st
     if p.platform != "tpu":
         return f"Mosaic (interpret=false) needs platform tpu, not {p.platform!r}"
     if p.dtype == "f16":
-        return "Mosaic cannot load f16 vectors on TPU v5e/v6e (\"Invalid vector type for load\")"
+        return "Mosaic cannot load f16 vectors on TPU v5e/v6e/tpu7x (\"Invalid vector type for load\")"
     plan = make_plan(p, k, options)
     bad = []
     if plan.bt % SUBLANE and plan.bt != plan.n:

@@ -332,9 +332,9 @@ def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[st
     if p.platform != "tpu":
         return f"Mosaic (interpret=false) needs platform tpu, not {p.platform!r}"
     if p.dtype == "f16":
-        # Measured with libtpu 0.0.42.1 (tpu-aot, v5e and v6e): "Mosaic failed to compile
+        # Measured with libtpu 0.0.42.1 (tpu-aot, v5e, v6e and tpu7x): "Mosaic failed to compile
         # TPU kernel: Invalid vector type for load" on the f16 logits block.
-        return "Mosaic cannot load f16 vectors on TPU v5e/v6e (\"Invalid vector type for load\")"
+        return "Mosaic cannot load f16 vectors on TPU v5e/v6e/tpu7x (\"Invalid vector type for load\")"
     plan = make_plan(p, options)
     bad = []
     rank = len(plan.shape)
