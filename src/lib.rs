@@ -23,6 +23,7 @@ pub mod oracle;
 pub mod outputs;
 pub mod records;
 pub mod report;
+pub mod report_speed;
 pub mod runner;
 pub mod spec;
 pub mod sweep;

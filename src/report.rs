@@ -2,7 +2,8 @@
 //! HTML page (inline SVG, no script, nothing fetched) and the same summary in Markdown:
 //! the verdict matrix (cases × implementations, failing cases first), time against problem
 //! size per implementation, compiled peak over floor per implementation and topology,
-//! each output's error as a fraction of its gate's bound, and the comparison with a
+//! each output's error as a fraction of its gate's bound, the derived roofline of TPU
+//! trials and a sweep's plot ([`crate::report_speed`]), and the comparison with a
 //! baseline run.
 
 use crate::compare::{self, Comparison, Run};
@@ -16,6 +17,11 @@ const COLORS: [&str; 10] =
     ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"];
 
 fn esc(s: &str) -> String {
+    esc_html(s)
+}
+
+/// `s` escaped for HTML text and attributes.
+pub fn esc_html(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
@@ -262,6 +268,13 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
             of(&|v| matches!(v, Verdict::Ignored(_)))
         );
     }
+    let speed = crate::report_speed::rows(&trials);
+    if !speed.is_empty() {
+        let _ = write!(md, "\n## Speed: derived roofline per device ({})\n\n| case | trial | generation | roofline | bound | matmuls / passes | × jax_baseline | measured / roofline | verdict |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n", speed.len());
+        for r in &speed {
+            let _ = writeln!(md, "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} |", r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]);
+        }
+    }
     let multi = multi_device_rows(&runs);
     if !multi.is_empty() {
         let _ = write!(md, "\n## Multi-device trials ({})\n\n| case | trial | verdict | peak/floor per chip | collectives (bytes per device) | vs 1 device |\n| --- | --- | --- | --- | --- | --- |\n", multi.len());
@@ -310,7 +323,19 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
             html.push_str("</table>");
         }
     }
-    let _ = write!(html, "<h2>Plots</h2>{time_svg}<br>{mem_svg}<br>{margin_svg}");
+    if !runs.is_empty() {
+        let _ = write!(html, "<h2>Plots</h2>{time_svg}<br>{mem_svg}<br>{margin_svg}");
+    }
+    if let Some(svg) = crate::report_speed::sweep_svg(&trials) {
+        let _ = write!(html, "<h2>Sweep</h2>{svg}");
+    }
+    if !speed.is_empty() {
+        let _ = write!(html, "<h2>Speed: derived roofline per device</h2><p>max(MXU, HBM time) + Pallas grid steps × 0.43 µs, from FLOPs and bytes the suite derives (docs/tpu.md \"Cost and roofline\"); matmuls: logits-sized matmuls (fused), passes: over the logits (lp) or the floor (fp).</p><table><tr><th>case</th><th>trial</th><th>generation</th><th>roofline</th><th>bound</th><th>matmuls / passes</th><th>× jax_baseline</th><th>measured / roofline</th><th>verdict</th></tr>");
+        for r in &speed {
+            let _ = write!(html, "<tr>{}</tr>", r.iter().map(|c| format!("<td>{}</td>", esc(c))).collect::<String>());
+        }
+        html.push_str("</table>");
+    }
     let _ = write!(html, "<h2>Verdicts: cases × implementations (failing cases first)</h2><table class=\"m\"><tr><th>case</th>");
     for col in &columns {
         let _ = write!(html, "<th>{}</th>", esc(col).replace('/', "/<br>"));
@@ -337,7 +362,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         }
         html.push_str("</table>");
     }
-    let other: Vec<&&TrialOutcome> = trials.iter().filter(|o| o.kind != TrialKind::Run).collect();
+    let other: Vec<&&TrialOutcome> = trials.iter().filter(|o| o.kind != TrialKind::Run && o.kind != TrialKind::Sweep).collect();
     let _ = write!(html, "<h2>Golden and should-fail trials</h2><table><tr><th>trial</th><th>verdict</th><th>detail</th></tr>");
     for o in other {
         let (label, color) = cell(&o.verdict);
