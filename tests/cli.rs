@@ -498,3 +498,43 @@ fn an_implementation_case_glob_selects_its_cases() {
     assert!(e.contains("c.yaml: backend `reference`, implementation `naive_f32`: cases \"*_tua*\" matches no case"), "{e}");
     assert_eq!(e.trim().lines().count(), 1, "{e}");
 }
+
+/// `grpo-suite sweep` end to end on a small shape: every option set of the space compiled
+/// deviceless, the table, the best within the budgets, the configuration entry it writes
+/// (which loads), and one record per row; bad input is one line.
+#[cfg(feature = "pjrt")]
+#[test]
+fn sweep_compiles_every_option_set_and_pins_the_best() {
+    let dir = tempfile::tempdir().unwrap();
+    let (records, best) = (dir.path().join("s.jsonl"), dir.path().join("best.yaml"));
+    let o = suite(&[
+        "sweep", "--impl", "pallas_logits", "--shape", "b: 1, t: 256, v: 8192, dtype: bf16", "--space", "block_rows=128,256", "--space", "block_v=1024,2048",
+        "--topology", "v6e:2x2", "--max-peak-over-floor", "1.05", "--records", records.to_str().unwrap(), "--write-config", best.to_str().unwrap(),
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    for set in ["block_rows=128,block_v=1024", "block_rows=256,block_v=2048"] {
+        assert!(out.contains(&format!("pallas_logits@{set}")), "{out}");
+    }
+    assert!(out.contains("jax_baseline") && out.contains("roofline") && out.contains("best on v6e:2x2: pallas_logits@"), "{out}");
+    let lines = std::fs::read_to_string(&records).unwrap();
+    assert_eq!(lines.lines().count(), 5, "the baseline and 4 option sets");
+    assert!(lines.lines().all(|l| l.contains("\"kind\":\"sweep\"") && l.contains("\"roofline\"")), "{lines}");
+    // The written entry is a configuration entry that loads (under tpu-aot).
+    let entry = std::fs::read_to_string(&best).unwrap();
+    let entry_line = entry.lines().find(|l| l.starts_with("- {id: pallas_logits")).expect(&entry);
+    let cfg = format!("backends:\n  tpu-aot:\n    topologies: [v6e:2x2]\n    implementations:\n      {entry_line}\n");
+    grpo_conformance::config::Config::parse(&cfg, "best.yaml").unwrap_or_else(|e| panic!("{e:#}\n{cfg}"));
+    assert!(entry_line.contains("max_peak_over_floor: 1.05"), "{entry_line}");
+    // Bad input: one line each.
+    for (args, want) in [
+        (vec!["sweep", "--impl", "pallas_logits"], "--case"),
+        (vec!["sweep", "--impl", "pallas_logits", "--shape", "b: 1, t: 256, v: 8192", "--space", "block_v"], "key=value"),
+        (vec!["sweep", "--impl", "no_such_impl", "--shape", "b: 1, t: 256, v: 8192"], "no implementation `no_such_impl`"),
+    ] {
+        let o = suite(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let e = stderr(&o);
+        assert!(e.contains(want) && e.trim().lines().count() == 1 && !e.contains("panicked"), "{args:?}: {e}");
+    }
+}
