@@ -273,10 +273,11 @@ impl DerivedCost {
     }
 
     /// Fills the ratios to the case's sizes: matmul-equivalents (fused level), passes over
-    /// the floor, passes over the logits (logits level).
+    /// the floor, passes over the logits (logits level). A multi-device module's figures
+    /// are per device: they are over the device's share of the problem.
     pub fn with_ratios(mut self, case: &crate::cases::Case, floor_bytes: Option<u64>) -> DerivedCost {
         let s = &case.shape;
-        let n = s.rows() as f64;
+        let n = s.rows() as f64 / case.devices.max(1) as f64;
         match case.level {
             crate::spec::Level::Fused => {
                 let h = s.h.unwrap_or(0) as f64;
@@ -311,6 +312,20 @@ impl DerivedCost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ratios_are_over_the_devices_share_of_the_problem() {
+        let one = crate::cases::parse_fixed("level: fused, b: 8, t: 16, h: 64, v: 1000").unwrap();
+        let eight = crate::cases::parse_fixed("level: fused, b: 8, t: 16, h: 64, v: 1000, devices: 8, sharding: batch").unwrap();
+        let mm = 2.0 * 128.0 * 64.0 * 1000.0;
+        let d = |flops: f64| DerivedCost { work: Work { matmul_flops: flops, hbm_bytes: 200.0, ..Default::default() }, ..Default::default() };
+        assert_eq!(d(3.0 * mm).with_ratios(&one, Some(100)).matmul_equivalents, Some(3.0));
+        // Per device: an eighth of the tokens, an eighth of the FLOPs.
+        assert_eq!(d(3.0 * mm / 8.0).with_ratios(&eight, Some(100)).matmul_equivalents, Some(3.0));
+        assert_eq!(d(0.0).with_ratios(&one, Some(100)).passes_over_floor, Some(2.0));
+        let logits = crate::cases::parse_fixed("b: 2, t: 8, v: 1000, dtype: bf16").unwrap();
+        assert_eq!(DerivedCost { work: Work { hbm_bytes: 96000.0, ..Default::default() }, ..Default::default() }.with_ratios(&logits, None).logits_passes, Some(3.0));
+    }
 
     #[test]
     fn a_declaration_within_ten_percent_passes_and_half_the_bytes_fails_naming_both() {
