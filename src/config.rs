@@ -71,7 +71,7 @@ fn default_trial_timeout() -> u64 {
 pub struct ExpectedFailure {
     /// Implementation name as in trial names (`pallas_logits@8x512`).
     pub implementation: String,
-    /// Backend name (default: any backend).
+    /// Backend name, or a `*`-glob of names such as `tpu-aot-*` (default: any backend).
     #[serde(default)]
     pub backend: Option<String>,
     /// Case-id pattern: `*` matches any run of characters (default: every case).
@@ -92,7 +92,7 @@ impl ExpectedFailure {
     /// Whether the entry covers the trial (backend, implementation, case id).
     pub fn matches(&self, backend: &str, implementation: &str, case_id: &str) -> bool {
         self.implementation == implementation
-            && self.backend.as_deref().is_none_or(|b| b == backend)
+            && self.backend.as_deref().is_none_or(|b| glob_match(b, backend))
             && glob_match(&self.cases, case_id)
     }
 
@@ -171,6 +171,10 @@ pub struct ImplConfig {
     /// bytes, docs/tpu.md). Judged by `tpu-aot`; absent means "recorded, not judged".
     #[serde(default)]
     pub max_roofline_over_baseline: Option<f64>,
+    /// Only cases whose id matches this glob get the speed budget (default: every case the
+    /// entry runs): real shapes, not the tiny ones where fixed overheads decide.
+    #[serde(default)]
+    pub speed_cases: Option<String>,
     /// Python that exports this implementation (default: the suite's venv, or
     /// `GRPO_PYTHON`): an external implementation's own environment, with `grpo_jax`
     /// installed there (docs/external.md). Relative paths are relative to the config file.
@@ -203,6 +207,7 @@ impl ImplEntry {
                 max_peak_over_floor: None,
                 peak_slack_bytes: 0,
                 max_roofline_over_baseline: None,
+                speed_cases: None,
                 python: None,
                 pythonpath: Vec::new(),
                 cases: None,
@@ -213,6 +218,12 @@ impl ImplEntry {
 }
 
 impl ImplConfig {
+    /// The speed budget on `case_id`: `max_roofline_over_baseline` where `speed_cases`
+    /// (default: every case) matches.
+    pub fn speed_budget_on(&self, case_id: &str) -> Option<f64> {
+        self.max_roofline_over_baseline.filter(|_| self.speed_cases.as_deref().is_none_or(|g| glob_match(g, case_id)))
+    }
+
     /// The name trials and records use.
     pub fn display_name(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.id)
@@ -260,6 +271,9 @@ pub fn check_implementations(origin: &str, backend: &str, list: &[ImplEntry]) ->
         } else if c.peak_slack_bytes > 0 {
             bail!("{origin}: backend `{backend}`, implementation `{n}`: peak_slack_bytes without max_peak_over_floor");
         }
+        if c.speed_cases.is_some() && c.max_roofline_over_baseline.is_none() {
+            bail!("{origin}: backend `{backend}`, implementation `{n}`: speed_cases without max_roofline_over_baseline");
+        }
         if let Some(b) = c.max_roofline_over_baseline {
             if backend != "tpu-aot" {
                 bail!("{origin}: backend `{backend}`, implementation `{n}`: max_roofline_over_baseline is judged by `tpu-aot` (deviceless roofline times); move it there");
@@ -289,7 +303,7 @@ impl Config {
                 bail!("{origin}: expected_failures[{k}] ({}) needs a `reason`", e.describe());
             }
             if let Some(b) = &e.backend {
-                if !c.backends.names().iter().any(|n| b == n || b.starts_with(&format!("{n}-"))) {
+                if !c.backends.names().iter().any(|n| b == n || b.starts_with(&format!("{n}-")) || glob_match(b, n)) {
                     bail!("{origin}: expected_failures[{k}]: backend `{b}` is not configured");
                 }
             }
@@ -399,6 +413,17 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("needs a `reason`"), "{e}");
+        // A backend glob names the backends it matches.
+        let c = Config::parse(
+            "backends:\n  reference: {implementations: [oracle]}\n  tpu-aot: {topologies: [v6e:2x2, tpu7x:2x2x1], implementations: [jax_baseline]}\nexpected_failures:\n  - {implementation: jax_baseline, backend: \"tpu-aot-*\", reason: r}\n",
+            "c.yaml",
+        )
+        .unwrap();
+        let ef = &c.expected_failures[0];
+        assert!(ef.matches("tpu-aot-tpu7x-2x2x1", "jax_baseline", "x") && ef.matches("tpu-aot-v6e-2x2", "jax_baseline", "x"));
+        assert!(!ef.matches("pjrt-tpu", "jax_baseline", "x"));
+        let e = Config::parse("backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, backend: \"tpu-aot-*\", reason: r}\n", "c.yaml").unwrap_err().to_string();
+        assert!(e.contains("is not configured"), "{e}");
     }
 
     #[test]

@@ -387,7 +387,7 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
                     Err(e) => out.verdict = Verdict::Error(e),
                 }
             }
-            if backend.speed_budget(implementation).is_some() && out.speed.is_none() && out.verdict == Verdict::Pass {
+            if backend.speed_budget(implementation, case).is_some() && out.speed.is_none() && out.verdict == Verdict::Pass {
                 out.verdict = Verdict::Error("a speed budget is configured but the backend judged none".into());
             }
             let gates_failed = out.gates.iter().any(|g| !g.passed) || out.invariance.as_ref().is_some_and(|i| !i.passed());

@@ -225,6 +225,13 @@ impl Plan {
                 }
             }
         }
+        if let Some(t) = &config.backends.tpu_aot {
+            for c in crate::config::enabled(&t.implementations) {
+                if let Some(g) = c.speed_cases.as_deref().filter(|g| !matrix.suite(Suite::Full).iter().any(|k| crate::config::glob_match(g, &k.id))) {
+                    bail!("{}: backend `tpu-aot`, implementation `{}`: speed_cases \"{g}\" matches no case of the matrix", config.origin, c.display_name());
+                }
+            }
+        }
         if names.iter().all(|b| configured_implementations(config, b).is_empty()) {
             bail!("{}: the configuration selects no implementation (no backend, or every entry disabled): nothing would be checked", config.origin);
         }

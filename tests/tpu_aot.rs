@@ -165,11 +165,20 @@ fn speed_budgets_judge_the_roofline_against_the_baselines() {
     let loose = run_trial(&b, "loose", &c, None, &opts);
     assert_eq!(loose.verdict, Verdict::Pass, "{}", loose.failure_text());
     assert!(loose.speed.as_ref().unwrap().passed);
-    // Another generation has other peaks: another roofline for the same module.
+    // Another generation has other peaks: another roofline for the same module. tpu7x
+    // compiles too (8 devices, one per TensorCore: per-device peaks are half a chip's).
     let b5 = backend("v5e:2x2", "[{id: pallas_fused, name: p, options: {block_tokens: 256, block_v: 512}}]");
     b5.prepare(&[("p", &c)]).unwrap();
     let o5 = run_trial(&b5, "p", &c, None, &opts);
     let (r5, r6) = (o5.roofline.as_ref().unwrap(), loose.roofline.as_ref().unwrap());
     assert_eq!(r5.generation, "v5e");
     assert!(r5.time_s > 2.0 * r6.time_s, "v5e {} vs v6e {}", r5.time_s, r6.time_s);
+    let b7 = backend("tpu7x:2x2x1", "[{id: pallas_fused, name: p, options: {block_tokens: 256, block_v: 512}}]");
+    b7.prepare(&[("p", &c)]).unwrap();
+    let o7 = run_trial(&b7, "p", &c, None, &opts);
+    assert_eq!(o7.verdict, Verdict::Pass, "{}", o7.failure_text());
+    let r7 = o7.roofline.as_ref().unwrap();
+    assert_eq!(r7.generation, "tpu7x");
+    assert!((r7.peak_flops - 2307e12 / 2.0).abs() < 1.0, "{r7:?}");
+    assert!(o7.memory.as_ref().unwrap().source.as_deref().unwrap().contains("tpu7x:2x2x1"));
 }

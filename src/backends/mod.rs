@@ -174,9 +174,10 @@ pub trait Backend: Send + Sync {
         None
     }
 
-    /// The configured speed budget of an implementation (`max_roofline_over_baseline`),
-    /// if any: the backend then returns a [`RunResult::speed`] verdict (or an error).
-    fn speed_budget(&self, _implementation: &str) -> Option<f64> {
+    /// The configured speed budget of an implementation on a case
+    /// (`max_roofline_over_baseline` where `speed_cases` matches), if any: the backend then
+    /// returns a [`RunResult::speed`] verdict (or an error).
+    fn speed_budget(&self, _implementation: &str, _case: &Case) -> Option<f64> {
         None
     }
 }

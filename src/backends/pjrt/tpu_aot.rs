@@ -336,7 +336,7 @@ impl Backend for TpuAot {
         for (n, c) in work {
             if let Some(o) = super::export::find(&self.impls, n) {
                 w.push((o, *c));
-                if o.max_roofline_over_baseline.is_some() {
+                if o.speed_budget_on(&c.id).is_some() {
                     w.push((&base, *c));
                 }
             }
@@ -365,7 +365,7 @@ impl Backend for TpuAot {
                 cell.get_or_init(|| Ok(d.clone()));
             }
         }
-        if let Some(max) = imp.max_roofline_over_baseline {
+        if let Some(max) = imp.speed_budget_on(&case.id) {
             let g = generation.with_context(|| format!("a speed budget is configured but topology {} has no published peaks in the roofline table (v5e, v6e, tpu7x)", self.topology))?;
             let own = res.derived.as_ref().ok_or_else(|| anyhow!("a speed budget is configured but the cost could not be derived: {}", res.cost_error.clone().unwrap_or_default()))?;
             let base = self.baseline_cost(case).map_err(|e| anyhow!("a speed budget is configured but jax_baseline's cost on the case is not available: {e}"))?.with_ratios(case, None);
@@ -382,8 +382,8 @@ impl Backend for TpuAot {
         self.options(implementation).and_then(crate::backends::Budget::of)
     }
 
-    fn speed_budget(&self, implementation: &str) -> Option<f64> {
-        self.options(implementation).and_then(|c| c.max_roofline_over_baseline)
+    fn speed_budget(&self, implementation: &str, case: &Case) -> Option<f64> {
+        self.options(implementation).and_then(|c| c.speed_budget_on(&case.id))
     }
 }
 
