@@ -31,8 +31,9 @@ pub struct SpeedReport {
 
 fn inputs(cost: &DerivedCost, r: &Roofline) -> String {
     let mm = cost.matmul_equivalents.map(|m| format!("{m:.2} logits-matmuls, ")).unwrap_or_default();
+    let steps = if cost.grid_steps > 0.0 { format!(" + {:.0} grid steps = {}", cost.grid_steps, human_time(r.steps_s)) } else { String::new() };
     format!(
-        "{} ({mm}{:.4e} MXU FLOP weighted, {:.4e} HBM B; {}-bound)",
+        "{} ({mm}{:.4e} MXU FLOP weighted, {:.4e} HBM B; {}-bound{steps})",
         human_time(r.time_s),
         cost.work.matmul_pass_flops,
         cost.work.hbm_bytes,
@@ -107,6 +108,10 @@ mod tests {
             assert!(r.message.contains("jax_baseline") && r.message.contains("HBM B"), "{}", r.message);
             assert_eq!(r.message.contains("OVER BUDGET"), !pass);
         }
+        // Grid steps are named with their time.
+        let stepped = DerivedCost { grid_steps: 1000.0, ..cost(0.0, 76.5e9) };
+        let r = judge(1.0, (&stepped, &roofline(&stepped, g)), (&base, &rb));
+        assert!(r.message.contains("+ 1000 grid steps = 430.0µs"), "{}", r.message);
         // A NaN time never passes.
         let nan = cost(0.0, f64::NAN);
         assert!(!judge(10.0, (&nan, &roofline(&nan, g)), (&base, &rb)).passed);
