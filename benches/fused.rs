@@ -43,7 +43,10 @@ backends:
 
 fn env_usize(name: &str, default: usize) -> usize {
     match std::env::var(name) {
-        Ok(s) => s.trim().parse().unwrap_or_else(|_| panic!("{name}={s}: not a positive integer")),
+        Ok(s) => s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={s}: not a positive integer")),
         Err(_) => default,
     }
 }
@@ -52,9 +55,16 @@ fn shape(var: &str, default: &str) -> [usize; 4] {
     let s = std::env::var(var).unwrap_or_else(|_| default.into());
     let p: Vec<usize> = s
         .split(['x', 'X', ','])
-        .map(|x| x.trim().parse().unwrap_or_else(|_| panic!("{var}={s}: expected BxTxHxV")))
+        .map(|x| {
+            x.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{var}={s}: expected BxTxHxV"))
+        })
         .collect();
-    assert!(p.len() == 4 && p.iter().all(|&n| n > 0), "{var}={s}: expected BxTxHxV");
+    assert!(
+        p.len() == 4 && p.iter().all(|&n| n > 0),
+        "{var}={s}: expected BxTxHxV"
+    );
     [p[0], p[1], p[2], p[3]]
 }
 
@@ -72,7 +82,12 @@ fn median(xs: &[f64]) -> f64 {
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into())
 }
 
@@ -83,14 +98,24 @@ fn compare(backend: &PjrtCpu, case: &Case, impls: &[&str], runs: usize) {
     let inputs = Inputs::generate(case);
     println!("inputs generated in {:.2} s", t0.elapsed().as_secs_f64());
     let work: Vec<(&str, &Case)> = impls.iter().map(|i| (*i, case)).collect();
-    backend.prepare(&work).unwrap_or_else(|e| panic!("export: {e:#}"));
+    backend
+        .prepare(&work)
+        .unwrap_or_else(|e| panic!("export: {e:#}"));
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); impls.len()];
     let mut compile = vec![f64::NAN; impls.len()];
     let mut loss = vec![f32::NAN; impls.len()];
     for _round in 0..2 {
         for (k, imp) in impls.iter().enumerate() {
             let r = backend
-                .run(imp, case, &inputs, &RunOptions { warmup: 1, repeats: runs })
+                .run(
+                    imp,
+                    case,
+                    &inputs,
+                    &RunOptions {
+                        warmup: 1,
+                        repeats: runs,
+                    },
+                )
                 .unwrap_or_else(|e| panic!("{imp}: {e:#}"));
             let t = r.timing.expect("pjrt-cpu reports timing");
             if let Some(c) = t.compile_s {
@@ -98,23 +123,37 @@ fn compare(backend: &PjrtCpu, case: &Case, impls: &[&str], runs: usize) {
             }
             times[k].extend(t.runs_s);
             if let Some(out) = r.outputs {
-                loss[k] = out.get(OutputName::Loss).and_then(|o| o.data.first().copied()).unwrap_or(f32::NAN);
+                loss[k] = out
+                    .get(OutputName::Loss)
+                    .and_then(|o| o.data.first().copied())
+                    .unwrap_or(f32::NAN);
             }
         }
     }
     let base = median(&times[0]);
-    println!("{:<26} {:>10} {:>9} {:>11} {:>16}  runs (s)", "implementation", "median s", "ratio", "compile s", "loss");
+    println!(
+        "{:<26} {:>10} {:>9} {:>11} {:>16}  runs (s)",
+        "implementation", "median s", "ratio", "compile s", "loss"
+    );
     for (k, imp) in impls.iter().enumerate() {
         let m = median(&times[k]);
         let runs: Vec<String> = times[k].iter().map(|x| format!("{x:.3}")).collect();
-        println!("{imp:<26} {m:>10.4} {:>8.3}× {:>11.2} {:>16.9e}  {}", m / base, compile[k], loss[k], runs.join(" "));
+        println!(
+            "{imp:<26} {m:>10.4} {:>8.3}× {:>11.2} {:>16.9e}  {}",
+            m / base,
+            compile[k],
+            loss[k],
+            runs.join(" ")
+        );
     }
 }
 
 fn main() {
     let runs = env_usize("GRPO_BENCH_RUNS", 5).max(1);
     let dtype = std::env::var("GRPO_BENCH_DTYPE").unwrap_or_else(|_| "f32".into());
-    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let nproc = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     println!("== fused LM-head benchmark (pjrt-cpu, fwd+bwd, median of 2 rounds x {runs} runs) ==");
     println!("machine: nproc {nproc}, cpu {}", cpu_model());
     let cfg = Config::parse(CONFIG, "benches/fused.rs").unwrap_or_else(|e| panic!("{e:#}"));
@@ -125,7 +164,21 @@ fn main() {
             .unwrap_or_else(|e| panic!("{e:#}"))
     };
     let mid = case(shape("GRPO_BENCH_FUSED_SHAPE", "1x1024x512x32000"));
-    compare(&backend, &mid, &["jax_baseline", "xla_chunked@1024x8192", "xla_chunked@256x32768"], runs);
+    compare(
+        &backend,
+        &mid,
+        &[
+            "jax_baseline",
+            "xla_chunked@1024x8192",
+            "xla_chunked@256x32768",
+        ],
+        runs,
+    );
     let small = case(shape("GRPO_BENCH_SMALL_SHAPE", "1x128x128x4096"));
-    compare(&backend, &small, &["jax_baseline", "pallas_fused@64x512"], runs);
+    compare(
+        &backend,
+        &small,
+        &["jax_baseline", "pallas_fused@64x512"],
+        runs,
+    );
 }

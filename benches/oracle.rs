@@ -84,7 +84,10 @@ use std::time::Instant;
 
 fn env_usize(name: &str, default: usize) -> usize {
     match std::env::var(name) {
-        Ok(s) => s.trim().parse().unwrap_or_else(|_| panic!("{name}={s}: not a positive integer")),
+        Ok(s) => s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={s}: not a positive integer")),
         Err(_) => default,
     }
 }
@@ -93,9 +96,16 @@ fn shape() -> (usize, usize, usize) {
     let s = std::env::var("GRPO_BENCH_SHAPE").unwrap_or_else(|_| "1x8192x151936".into());
     let p: Vec<usize> = s
         .split(['x', 'X', ','])
-        .map(|x| x.trim().parse().unwrap_or_else(|_| panic!("GRPO_BENCH_SHAPE={s}: expected BxTxV")))
+        .map(|x| {
+            x.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("GRPO_BENCH_SHAPE={s}: expected BxTxV"))
+        })
         .collect();
-    assert!(p.len() == 3 && p.iter().all(|&n| n > 0), "GRPO_BENCH_SHAPE={s}: expected BxTxV");
+    assert!(
+        p.len() == 3 && p.iter().all(|&n| n > 0),
+        "GRPO_BENCH_SHAPE={s}: expected BxTxV"
+    );
     (p[0], p[1], p[2])
 }
 
@@ -140,11 +150,17 @@ fn median(xs: &[f64]) -> f64 {
 }
 
 fn fmt_ratios(xs: &[f64]) -> String {
-    xs.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(" ")
+    xs.iter()
+        .map(|x| format!("{x:.2}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn fmt_runs(xs: &[f64]) -> String {
-    xs.iter().map(|x| format!("{x:.3}")).collect::<Vec<_>>().join(" ")
+    xs.iter()
+        .map(|x| format!("{x:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The case, built through the public YAML loader (same knobs as `cases/nightly.yaml`).
@@ -181,10 +197,15 @@ fn two_pass_once(case: &Case, inputs: &Inputs, dlogits: &mut [f32]) -> ([f64; 3]
     // Rounded to the case dtype (the identity for f32; matched here because `DType::round`
     // is not inlined across crates).
     let dt = case.dtype;
-    dlogits.par_chunks_mut(v).enumerate().for_each(|(r, row)| match dt {
-        DType::F32 => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| row[j] = x as f32),
-        _ => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| row[j] = dt.round(x as f32)),
-    });
+    dlogits
+        .par_chunks_mut(v)
+        .enumerate()
+        .for_each(|(r, row)| match dt {
+            DType::F32 => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| row[j] = x as f32),
+            _ => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| {
+                row[j] = dt.round(x as f32)
+            }),
+        });
     let t3 = Instant::now();
     let s = |a: Instant, b: Instant| (b - a).as_secs_f64();
     ([s(t0, t1), s(t1, t2), s(t2, t3)], o.loss)
@@ -227,11 +248,21 @@ fn main() {
     let runs = env_usize("GRPO_BENCH_RUNS", 3).max(1);
     let copies = env_usize("GRPO_BENCH_COPIES", 5).max(1);
     let threads = rayon::current_num_threads();
-    let nproc = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let nproc = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
 
     println!("== oracle benchmark (f64 oracle, logits level, f32, fwd+bwd: fused and two-pass) ==");
-    println!("machine: nproc {nproc}, rayon threads {threads}, cpu {}, load average {}", cpu_model(), loadavg());
-    println!("shape:   B={b} T={t} V={v}  (rows {}, elements {})", b * t, b * t * v);
+    println!(
+        "machine: nproc {nproc}, rayon threads {threads}, cpu {}, load average {}",
+        cpu_model(),
+        loadavg()
+    );
+    println!(
+        "shape:   B={b} T={t} V={v}  (rows {}, elements {})",
+        b * t,
+        b * t * v
+    );
 
     let case = make_case(b, t, v);
     println!("case:    {}", case.id);
@@ -266,7 +297,8 @@ fn main() {
     // N rounds, each: generate (one set of inputs held at a time), logits::fill into the
     // touched buffer, the deviates alone, the fused oracle, the two-pass oracle. Interleaved
     // so that every figure sees the same machine conditions (the machine may be shared).
-    let (mut gen, mut fill, mut dev, mut fu, mut tot) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut gen, mut fill, mut dev, mut fu, mut tot) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut parts = [Vec::new(), Vec::new(), Vec::new()];
     let (mut loss_f, mut loss_2) = (0.0, 0.0);
     let (mut fill_same, mut dev_same, mut fallbacks) = (false, false, 0);
@@ -287,12 +319,27 @@ fn main() {
         // Generation of the logits without page faults: `logits::fill` (deviates and each
         // row's forward statistics); everything else `generate` does is O(B·T).
         let t0 = Instant::now();
-        let (fs, _) = logits::fill(&case, &inputs.chosen_ids, &inputs.mask, NormalPath::Fast, &mut dlogits);
+        let (fs, _) = logits::fill(
+            &case,
+            &inputs.chosen_ids,
+            &inputs.mask,
+            NormalPath::Fast,
+            &mut dlogits,
+        );
         fill.push(t0.elapsed().as_secs_f64());
         if last {
-            let pairs = [(&fs.lse, &stats.lse), (&fs.logp, &stats.logp), (&fs.entropy, &stats.entropy), (&fs.abs_max, &stats.abs_max)];
+            let pairs = [
+                (&fs.lse, &stats.lse),
+                (&fs.logp, &stats.logp),
+                (&fs.entropy, &stats.entropy),
+                (&fs.abs_max, &stats.abs_max),
+            ];
             fill_same = same_bits(&dlogits, &inputs.logits)
-                && pairs.iter().all(|(a, b)| a.iter().zip(b.iter()).all(|(a, b)| a.to_bits() == b.to_bits()));
+                && pairs.iter().all(|(a, b)| {
+                    a.iter()
+                        .zip(b.iter())
+                        .all(|(a, b)| a.to_bits() == b.to_bits())
+                });
         }
 
         // The deviates alone, as `generate` maps them (normal1: x as f32).
@@ -309,7 +356,10 @@ fn main() {
 
         // The counter hashes alone (a floor for any generator with these bits).
         let t0 = Instant::now();
-        dlogits.par_chunks_mut(1 << 16).enumerate().for_each(|(c, out)| counters_only(&st, (c << 16) as u64, out));
+        dlogits
+            .par_chunks_mut(1 << 16)
+            .enumerate()
+            .for_each(|(c, out)| counters_only(&st, (c << 16) as u64, out));
         hash.push(t0.elapsed().as_secs_f64());
 
         let (s, l) = fused_once(&case, &inputs, &mut dlogits);
@@ -348,7 +398,11 @@ fn main() {
         let t0 = Instant::now();
         let (exact, _) = Inputs::generate_with(&case, NormalPath::Exact);
         let ex_s = t0.elapsed().as_secs_f64();
-        let same = exact.tensors(&case).iter().zip(inputs.tensors(&case)).all(|(a, b)| a.digest() == b.digest());
+        let same = exact
+            .tensors(&case)
+            .iter()
+            .zip(inputs.tensors(&case))
+            .all(|(a, b)| a.digest() == b.digest());
         println!(
             "         exact scalar path (NormalPath::Exact, as before): {ex_s:.3} s, {:.1}x the fast path; bits {}",
             ex_s / gen_m,
@@ -380,7 +434,10 @@ fn main() {
         buf_bytes / 1e9,
         copy_bytes / 1e9
     );
-    println!("         1 thread:  median {st_m:.3} s  -> {st_gbs:.2} GB/s   (runs: {})", fmt_runs(&st));
+    println!(
+        "         1 thread:  median {st_m:.3} s  -> {st_gbs:.2} GB/s   (runs: {})",
+        fmt_runs(&st)
+    );
     println!(
         "         {threads} threads: median {mt_m:.3} s  -> {mt_gbs:.2} GB/s   (runs: {})",
         fmt_runs(&mt)

@@ -51,12 +51,17 @@ pub struct Run {
 
 /// Reads a record file for comparison; an unreadable file is an error naming it.
 pub fn load(path: &Path) -> Result<Run> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut meta: Option<(String, u64, u64, f64)> = None;
     let mut trials = BTreeMap::new();
-    for (k, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let v: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("{}:{}: not a record line", path.display(), k + 1))?;
+    for (k, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not a record line", path.display(), k + 1))?;
         let m = (
             v["suite"].as_str().unwrap_or("").to_string(),
             v["oracle_version"].as_u64().unwrap_or(0),
@@ -74,13 +79,20 @@ pub fn load(path: &Path) -> Result<Run> {
             ),
             _ => {}
         }
-        let o: TrialOutcome = serde_json::from_value(v).with_context(|| format!("{}:{}: not a trial record", path.display(), k + 1))?;
+        let o: TrialOutcome = serde_json::from_value(v)
+            .with_context(|| format!("{}:{}: not a trial record", path.display(), k + 1))?;
         trials.insert(o.name.clone(), o);
     }
     let Some((suite, oracle_version, generator_version, tol_scale)) = meta else {
         bail!("{} holds no records", path.display())
     };
-    Ok(Run { suite, oracle_version, generator_version, tol_scale, trials })
+    Ok(Run {
+        suite,
+        oracle_version,
+        generator_version,
+        tol_scale,
+        trials,
+    })
 }
 
 /// One finding.
@@ -119,16 +131,23 @@ impl Comparison {
 /// Why two runs cannot be compared, if they cannot.
 pub fn incompatible(base: &Run, new: &Run) -> Option<String> {
     if base.suite != new.suite {
-        return Some(format!("different suites: BASE {}, NEW {}", base.suite, new.suite));
+        return Some(format!(
+            "different suites: BASE {}, NEW {}",
+            base.suite, new.suite
+        ));
     }
-    if (base.oracle_version, base.generator_version) != (new.oracle_version, new.generator_version) {
+    if (base.oracle_version, base.generator_version) != (new.oracle_version, new.generator_version)
+    {
         return Some(format!(
             "different versions: BASE oracle v{} generator v{}, NEW oracle v{} generator v{} (the references moved; compare runs of the same versions)",
             base.oracle_version, base.generator_version, new.oracle_version, new.generator_version
         ));
     }
     if base.tol_scale != new.tol_scale {
-        return Some(format!("different tolerance scales: BASE {}, NEW {}", base.tol_scale, new.tol_scale));
+        return Some(format!(
+            "different tolerance scales: BASE {}, NEW {}",
+            base.tol_scale, new.tol_scale
+        ));
     }
     None
 }
@@ -168,26 +187,48 @@ fn verdict_text(v: &Verdict) -> String {
 pub fn compare(base: &Run, new: &Run) -> Comparison {
     let mut c = Comparison::default();
     let mut timed: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
-    let f = |trial: &str, what: &str, base: String, new: String| Finding { trial: trial.into(), what: what.into(), base, new };
+    let f = |trial: &str, what: &str, base: String, new: String| Finding {
+        trial: trial.into(),
+        what: what.into(),
+        base,
+        new,
+    };
     for (name, b) in &base.trials {
         let Some(n) = new.trials.get(name) else {
-            c.regressions.push(f(name, "vanished", verdict_text(&b.verdict), "-".into()));
+            c.regressions
+                .push(f(name, "vanished", verdict_text(&b.verdict), "-".into()));
             continue;
         };
         c.matched += 1;
         let was_pass = b.verdict == Verdict::Pass;
-        let regressed = (b.verdict.is_ok() && !n.verdict.is_ok()) || (was_pass && matches!(n.verdict, Verdict::Ignored(_)));
+        let regressed = (b.verdict.is_ok() && !n.verdict.is_ok())
+            || (was_pass && matches!(n.verdict, Verdict::Ignored(_)));
         let improved = !b.verdict.is_ok() && n.verdict.is_ok();
         if regressed {
-            c.regressions.push(f(name, "verdict", verdict_text(&b.verdict), verdict_text(&n.verdict)));
+            c.regressions.push(f(
+                name,
+                "verdict",
+                verdict_text(&b.verdict),
+                verdict_text(&n.verdict),
+            ));
         } else if improved {
-            c.improvements.push(f(name, "verdict", verdict_text(&b.verdict), verdict_text(&n.verdict)));
+            c.improvements.push(f(
+                name,
+                "verdict",
+                verdict_text(&b.verdict),
+                verdict_text(&n.verdict),
+            ));
         }
         if was_pass && n.verdict == Verdict::Pass {
             for g in &n.gates {
                 if let Some(bg) = b.gates.iter().find(|x| x.output == g.output) {
                     if g.norm_err > 2.0 * bg.norm_err && g.norm_err > 1e-6 {
-                        c.regressions.push(f(name, "error", format!("{} {:.3e}", bg.output, bg.norm_err), format!("{} {:.3e}", g.output, g.norm_err)));
+                        c.regressions.push(f(
+                            name,
+                            "error",
+                            format!("{} {:.3e}", bg.output, bg.norm_err),
+                            format!("{} {:.3e}", g.output, g.norm_err),
+                        ));
                     }
                 }
             }
@@ -196,23 +237,52 @@ pub fn compare(base: &Run, new: &Run) -> Comparison {
         if let (Some(pb), Some(pn)) = (peak(b), peak(n)) {
             let grow = pn as f64 / pb.max(1) as f64 - 1.0;
             if grow > PEAK_MARGIN {
-                c.regressions.push(f(name, "memory", format!("{pb} B"), format!("{pn} B (+{:.1}%)", 100.0 * grow)));
+                c.regressions.push(f(
+                    name,
+                    "memory",
+                    format!("{pb} B"),
+                    format!("{pn} B (+{:.1}%)", 100.0 * grow),
+                ));
             } else if grow < -PEAK_MARGIN {
-                c.improvements.push(f(name, "memory", format!("{pb} B"), format!("{pn} B ({:.1}%)", 100.0 * grow)));
+                c.improvements.push(f(
+                    name,
+                    "memory",
+                    format!("{pb} B"),
+                    format!("{pn} B ({:.1}%)", 100.0 * grow),
+                ));
             }
         }
-        let runs = |o: &TrialOutcome| o.timing.as_ref().map(|t| t.runs_s.clone()).unwrap_or_default();
+        let runs = |o: &TrialOutcome| {
+            o.timing
+                .as_ref()
+                .map(|t| t.runs_s.clone())
+                .unwrap_or_default()
+        };
         let (rb, rn) = (runs(b), runs(n));
         if rb.len() >= 3 && rn.len() >= 3 && median(&rb) >= MIN_JUDGED_S {
             c.time_judged += 1;
-            timed.entry(format!("{}/{}", n.backend, n.implementation)).or_default().push((median(&rb), median(&rn), slowdown_threshold(&rb, &rn)));
+            timed
+                .entry(format!("{}/{}", n.backend, n.implementation))
+                .or_default()
+                .push((median(&rb), median(&rn), slowdown_threshold(&rb, &rn)));
         }
     }
     for (imp, v) in &timed {
         let ratios: Vec<f64> = v.iter().map(|(b, n, _)| n / b).collect();
         let r = median(&ratios);
-        let th = if v.len() == 1 { v[0].2 } else { MIN_SLOWDOWN.max(3.0 * rel_mad(&ratios)) };
-        let (base, new) = (format!("{} judged trials", v.len()), format!("median time ×{r:.3} ({:+.0}%, threshold {:.0}%)", 100.0 * (r - 1.0), 100.0 * th));
+        let th = if v.len() == 1 {
+            v[0].2
+        } else {
+            MIN_SLOWDOWN.max(3.0 * rel_mad(&ratios))
+        };
+        let (base, new) = (
+            format!("{} judged trials", v.len()),
+            format!(
+                "median time ×{r:.3} ({:+.0}%, threshold {:.0}%)",
+                100.0 * (r - 1.0),
+                100.0 * th
+            ),
+        );
         if r > 1.0 + th {
             c.regressions.push(f(imp, "time", base, new));
         } else if r < 1.0 / (1.0 + th) {
@@ -220,7 +290,12 @@ pub fn compare(base: &Run, new: &Run) -> Comparison {
         }
     }
     for name in new.trials.keys().filter(|n| !base.trials.contains_key(*n)) {
-        c.improvements.push(f(name, "appeared", "-".into(), verdict_text(&new.trials[name].verdict)));
+        c.improvements.push(f(
+            name,
+            "appeared",
+            "-".into(),
+            verdict_text(&new.trials[name].verdict),
+        ));
     }
     c
 }
@@ -237,17 +312,27 @@ pub fn markdown(base_path: &Path, new_path: &Path, base: &Run, c: &Comparison) -
         c.matched,
         c.time_judged
     );
-    for (title, list) in [("Regressions", &c.regressions), ("Improvements and new trials", &c.improvements)] {
+    for (title, list) in [
+        ("Regressions", &c.regressions),
+        ("Improvements and new trials", &c.improvements),
+    ] {
         s.push_str(&format!("## {title} ({})\n\n", list.len()));
         if !list.is_empty() {
             s.push_str("| trial | what | base | new |\n| --- | --- | --- | --- |\n");
             for x in list.iter() {
-                s.push_str(&format!("| `{}` | {} | {} | {} |\n", x.trial, x.what, x.base, x.new));
+                s.push_str(&format!(
+                    "| `{}` | {} | {} | {} |\n",
+                    x.trial, x.what, x.base, x.new
+                ));
             }
             s.push('\n');
         }
     }
-    s.push_str(if c.regressed() { "**Result: regressed.**\n" } else { "**Result: no regression.**\n" });
+    s.push_str(if c.regressed() {
+        "**Result: regressed.**\n"
+    } else {
+        "**Result: no regression.**\n"
+    });
     s
 }
 

@@ -92,7 +92,10 @@ impl ExpectedFailure {
     /// Whether the entry covers the trial (backend, implementation, case id).
     pub fn matches(&self, backend: &str, implementation: &str, case_id: &str) -> bool {
         self.implementation == implementation
-            && self.backend.as_deref().is_none_or(|b| glob_match(b, backend))
+            && self
+                .backend
+                .as_deref()
+                .is_none_or(|b| glob_match(b, backend))
             && glob_match(&self.cases, case_id)
     }
 
@@ -100,10 +103,16 @@ impl ExpectedFailure {
     pub fn describe(&self) -> String {
         format!(
             "{}{} on {}{}",
-            self.backend.as_ref().map(|b| format!("{b}/")).unwrap_or_default(),
+            self.backend
+                .as_ref()
+                .map(|b| format!("{b}/"))
+                .unwrap_or_default(),
             self.implementation,
             self.cases,
-            self.link.as_ref().map(|l| format!(" ({l})")).unwrap_or_default()
+            self.link
+                .as_ref()
+                .map(|l| format!(" ({l})"))
+                .unwrap_or_default()
         )
     }
 }
@@ -221,7 +230,11 @@ impl ImplConfig {
     /// The speed budget on `case_id`: `max_roofline_over_baseline` where `speed_cases`
     /// (default: every case) matches.
     pub fn speed_budget_on(&self, case_id: &str) -> Option<f64> {
-        self.max_roofline_over_baseline.filter(|_| self.speed_cases.as_deref().is_none_or(|g| glob_match(g, case_id)))
+        self.max_roofline_over_baseline.filter(|_| {
+            self.speed_cases
+                .as_deref()
+                .is_none_or(|g| glob_match(g, case_id))
+        })
     }
 
     /// The name trials and records use.
@@ -289,7 +302,10 @@ pub fn check_implementations(origin: &str, backend: &str, list: &[ImplEntry]) ->
 
 /// The enabled entries of a list.
 pub fn enabled(list: &[ImplEntry]) -> Vec<ImplConfig> {
-    list.iter().map(ImplEntry::resolved).filter(|c| c.enabled).collect()
+    list.iter()
+        .map(ImplEntry::resolved)
+        .filter(|c| c.enabled)
+        .collect()
 }
 
 impl Config {
@@ -300,10 +316,18 @@ impl Config {
         c.backends.validate(origin)?;
         for (k, e) in c.expected_failures.iter().enumerate() {
             if e.reason.trim().is_empty() {
-                bail!("{origin}: expected_failures[{k}] ({}) needs a `reason`", e.describe());
+                bail!(
+                    "{origin}: expected_failures[{k}] ({}) needs a `reason`",
+                    e.describe()
+                );
             }
             if let Some(b) = &e.backend {
-                if !c.backends.names().iter().any(|n| b == n || b.starts_with(&format!("{n}-")) || glob_match(b, n)) {
+                if !c
+                    .backends
+                    .names()
+                    .iter()
+                    .any(|n| b == n || b.starts_with(&format!("{n}-")) || glob_match(b, n))
+                {
                     bail!("{origin}: expected_failures[{k}]: backend `{b}` is not configured");
                 }
             }
@@ -313,10 +337,15 @@ impl Config {
 
     /// Reads a file.
     pub fn load(path: &Path) -> Result<Config> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config {}", path.display()))?;
         let mut c = Config::parse(&text, &path.display().to_string())?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let base = if base.as_os_str().is_empty() { PathBuf::from(".") } else { base };
+        let base = if base.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            base
+        };
         c.backends.resolve_paths(&base);
         Ok(c)
     }
@@ -353,24 +382,41 @@ mod tests {
 
     #[test]
     fn typo_is_an_error_with_line() {
-        let e = Config::parse("repeats: 3\nbackends:\n  pjrt-cpu:\n    implementations: [a]\n    plugn: x\n", "c.yaml")
+        let e = Config::parse(
+            "repeats: 3\nbackends:\n  pjrt-cpu:\n    implementations: [a]\n    plugn: x\n",
+            "c.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("c.yaml") && e.contains("plugn") && e.contains("line 5"),
+            "{e}"
+        );
+        let e = Config::parse("backends:\n  pjrt-tpuu: {implementations: []}\n", "c.yaml")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("c.yaml") && e.contains("plugn") && e.contains("line 5"), "{e}");
-        let e = Config::parse("backends:\n  pjrt-tpuu: {implementations: []}\n", "c.yaml").unwrap_err().to_string();
-        assert!(e.contains("unknown field `pjrt-tpuu`") && e.contains("line 2"), "{e}");
+        assert!(
+            e.contains("unknown field `pjrt-tpuu`") && e.contains("line 2"),
+            "{e}"
+        );
     }
 
     #[test]
     fn backend_settings_belong_to_their_backend() {
         // `cpu_device_count` is a pjrt-cpu setting: the reference backend rejects it.
-        let e = Config::parse("backends:\n  reference: {implementations: [oracle], cpu_device_count: 2}\n", "c.yaml")
-            .unwrap_err()
-            .to_string();
+        let e = Config::parse(
+            "backends:\n  reference: {implementations: [oracle], cpu_device_count: 2}\n",
+            "c.yaml",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("cpu_device_count"), "{e}");
-        let e = Config::parse("backends:\n  pjrt-cpu: {implementations: [a], cpu_device_count: 0}\n", "c.yaml")
-            .unwrap_err()
-            .to_string();
+        let e = Config::parse(
+            "backends:\n  pjrt-cpu: {implementations: [a], cpu_device_count: 0}\n",
+            "c.yaml",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("cpu_device_count") && e.contains("≥ 1"), "{e}");
     }
 
@@ -395,15 +441,22 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("max_peak_over_floor must be a number ≥ 1"), "{e}");
+        assert!(
+            e.contains("max_peak_over_floor must be a number ≥ 1"),
+            "{e}"
+        );
         let speed = |backend: &str, v: &str| {
             Config::parse(&format!("backends:\n  {backend}:\n    topologies: [v6e:2x2]\n    implementations: [{{id: pallas_fused, max_roofline_over_baseline: {v}}}]\n"), "c.yaml")
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         };
         speed("tpu-aot", "1.0").unwrap();
-        assert!(speed("tpu-aot", "0").unwrap_err().contains("max_roofline_over_baseline must be a positive number"));
-        assert!(speed("tpu-aot", ".nan").unwrap_err().contains("positive number"));
+        assert!(speed("tpu-aot", "0")
+            .unwrap_err()
+            .contains("max_roofline_over_baseline must be a positive number"));
+        assert!(speed("tpu-aot", ".nan")
+            .unwrap_err()
+            .contains("positive number"));
         let e = Config::parse("backends:\n  pjrt-cpu:\n    implementations: [{id: pallas_fused, max_roofline_over_baseline: 1.0}]\n", "c.yaml").unwrap_err().to_string();
         assert!(e.contains("judged by `tpu-aot`"), "{e}");
         let e = Config::parse(
@@ -420,7 +473,10 @@ mod tests {
         )
         .unwrap();
         let ef = &c.expected_failures[0];
-        assert!(ef.matches("tpu-aot-tpu7x-2x2x1", "jax_baseline", "x") && ef.matches("tpu-aot-v6e-2x2", "jax_baseline", "x"));
+        assert!(
+            ef.matches("tpu-aot-tpu7x-2x2x1", "jax_baseline", "x")
+                && ef.matches("tpu-aot-v6e-2x2", "jax_baseline", "x")
+        );
         assert!(!ef.matches("pjrt-tpu", "jax_baseline", "x"));
         let e = Config::parse("backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, backend: \"tpu-aot-*\", reason: r}\n", "c.yaml").unwrap_err().to_string();
         assert!(e.contains("is not configured"), "{e}");

@@ -128,7 +128,12 @@ pub fn suite() -> Result<crate::cases::Suite> {
 /// `GRPO_REQUIRE_BACKENDS`, split on commas.
 pub fn require_backends() -> Vec<String> {
     raw(REQUIRE_BACKENDS)
-        .map(|s| s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect())
+        .map(|s| {
+            s.split(',')
+                .map(|x| x.trim().to_string())
+                .filter(|x| !x.is_empty())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -160,10 +165,13 @@ pub fn bless() -> Result<bool> {
 pub fn check_all() -> Result<()> {
     for (name, r) in [
         (CONFIG, config().map(|_| ())),
-        (ALLOW_LOOSE, match raw(ALLOW_LOOSE).as_deref() {
-            None | Some("1") | Some("0") => Ok(()),
-            Some(v) => Err(anyhow::anyhow!("{ALLOW_LOOSE}={v:?}: use 1 or unset it")),
-        }),
+        (
+            ALLOW_LOOSE,
+            match raw(ALLOW_LOOSE).as_deref() {
+                None | Some("1") | Some("0") => Ok(()),
+                Some(v) => Err(anyhow::anyhow!("{ALLOW_LOOSE}={v:?}: use 1 or unset it")),
+            },
+        ),
         (PYTHON, python().map(|_| ())),
         (ARTIFACTS, artifacts().map(|_| ())),
         (PJRT_PLUGIN, pjrt_plugin().map(|_| ())),
@@ -177,7 +185,10 @@ pub fn check_all() -> Result<()> {
     }
     if let Some(p) = path(ROOT)? {
         if !p.join("cases").is_dir() {
-            bail!("{ROOT}={} has no cases/ directory; point it at the repository root", p.display());
+            bail!(
+                "{ROOT}={} has no cases/ directory; point it at the repository root",
+                p.display()
+            );
         }
     }
     Ok(())
@@ -185,9 +196,13 @@ pub fn check_all() -> Result<()> {
 
 /// The table as Markdown rows (docs/environment.md holds the same rows).
 pub fn markdown_table() -> String {
-    let mut s = String::from("| variable | meaning | default | read by |\n| --- | --- | --- | --- |\n");
+    let mut s =
+        String::from("| variable | meaning | default | read by |\n| --- | --- | --- | --- |\n");
     for v in VARS {
-        s.push_str(&format!("| `{}` | {} | {} | {} |\n", v.name, v.meaning, v.default, v.read_by));
+        s.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            v.name, v.meaning, v.default, v.read_by
+        ));
     }
     s
 }
@@ -203,7 +218,19 @@ mod tests {
         let n = names.len();
         names.dedup();
         assert_eq!(n, names.len());
-        for k in [ROOT, CONFIG, SUITE, REQUIRE_BACKENDS, TOL_SCALE, BLESS, PYTHON, ARTIFACTS, PJRT_PLUGIN, LIBTPU, RECORDS] {
+        for k in [
+            ROOT,
+            CONFIG,
+            SUITE,
+            REQUIRE_BACKENDS,
+            TOL_SCALE,
+            BLESS,
+            PYTHON,
+            ARTIFACTS,
+            PJRT_PLUGIN,
+            LIBTPU,
+            RECORDS,
+        ] {
             assert!(names.contains(&k), "{k}");
         }
     }
@@ -211,6 +238,10 @@ mod tests {
     #[test]
     fn docs_table_matches() {
         let doc = std::fs::read_to_string(crate::repo_root().join("docs/environment.md")).unwrap();
-        assert!(doc.contains(&markdown_table()), "docs/environment.md is out of date; its table must be:\n{}", markdown_table());
+        assert!(
+            doc.contains(&markdown_table()),
+            "docs/environment.md is out of date; its table must be:\n{}",
+            markdown_table()
+        );
     }
 }

@@ -65,7 +65,9 @@ pub fn path(dir: &Path, case: &Case) -> PathBuf {
 
 fn sample_positions(case: &Case, n: usize) -> Vec<usize> {
     let s = rng::Stream::new(case.data_id(), "golden_samples");
-    let mut p: Vec<usize> = (0..SAMPLES as u64).map(|i| s.below(i, n as u64) as usize).collect();
+    let mut p: Vec<usize> = (0..SAMPLES as u64)
+        .map(|i| s.below(i, n as u64) as usize)
+        .collect();
     p.push(0);
     p.push(n - 1);
     p.sort_unstable();
@@ -76,7 +78,12 @@ fn sample_positions(case: &Case, n: usize) -> Vec<usize> {
 /// Computes the golden record of a case from its inputs and oracle.
 pub fn compute(case: &Case, inputs: &Inputs, o: &Oracle) -> Golden {
     let l2 = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt() as f32;
-    let masked = |v: &[f64]| v.iter().zip(&inputs.mask).map(|(x, m)| x * (*m as f64)).collect::<Vec<_>>();
+    let masked = |v: &[f64]| {
+        v.iter()
+            .zip(&inputs.mask)
+            .map(|(x, m)| x * (*m as f64))
+            .collect::<Vec<_>>()
+    };
     let mut norms = BTreeMap::new();
     norms.insert("per_token_logp".into(), l2(o.per_token_logp()));
     norms.insert("entropy".into(), l2(o.entropy()));
@@ -103,7 +110,11 @@ pub fn compute(case: &Case, inputs: &Inputs, o: &Oracle) -> Golden {
                 .map(|&p| {
                     let (r, j) = (p / v, p % v);
                     let mut val = 0.0;
-                    o.dlogits_row(case, inputs, r, o.g[r], |k, x, _| if k == j { val = x });
+                    o.dlogits_row(case, inputs, r, o.g[r], |k, x, _| {
+                        if k == j {
+                            val = x
+                        }
+                    });
                     (p, val as f32)
                 })
                 .collect();
@@ -113,7 +124,10 @@ pub fn compute(case: &Case, inputs: &Inputs, o: &Oracle) -> Golden {
             let g = o.fused_grads(case, inputs);
             for (name, t) in [("dhidden", &g.dhidden), ("dlm_head", &g.dlm_head)] {
                 norms.insert(name.into(), l2(t));
-                let vals = sample_positions(case, t.len()).iter().map(|&p| (p, t[p] as f32)).collect();
+                let vals = sample_positions(case, t.len())
+                    .iter()
+                    .map(|&p| (p, t[p] as f32))
+                    .collect();
                 samples.insert(name.into(), vals);
             }
         }
@@ -133,9 +147,18 @@ pub fn compute(case: &Case, inputs: &Inputs, o: &Oracle) -> Golden {
             generator_version: GENERATOR_VERSION,
             suite_version: env!("CARGO_PKG_VERSION").into(),
         },
-        inputs: inputs.tensors(case).iter().map(|t| (t.name.to_string(), t.digest())).collect(),
+        inputs: inputs
+            .tensors(case)
+            .iter()
+            .map(|t| (t.name.to_string(), t.digest()))
+            .collect(),
         loss: o.loss as f32,
-        clipped_count: o.clipped.iter().zip(&inputs.mask).filter(|(c, m)| **c && **m != 0.0).count(),
+        clipped_count: o
+            .clipped
+            .iter()
+            .zip(&inputs.mask)
+            .filter(|(c, m)| **c && **m != 0.0)
+            .count(),
         norms,
         per_token,
         samples,
@@ -150,9 +173,12 @@ pub fn read(path: &Path) -> Result<Option<Golden>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => anyhow::bail!("{}: cannot read golden file: {e}", path.display()),
     };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| anyhow::anyhow!("{}: corrupt golden file ({e}); {BLESS_HINT}", path.display()))
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: corrupt golden file ({e}); {BLESS_HINT}",
+            path.display()
+        )
+    })
 }
 
 /// Reads a golden file; a missing, corrupt or stale file is an error saying so and how
@@ -161,7 +187,9 @@ pub fn load(path: &Path) -> Result<Golden> {
     let Some(g) = read(path)? else {
         anyhow::bail!("{}: missing golden file; {BLESS_HINT}", path.display())
     };
-    if g.provenance.oracle_version != ORACLE_VERSION || g.provenance.generator_version != GENERATOR_VERSION {
+    if g.provenance.oracle_version != ORACLE_VERSION
+        || g.provenance.generator_version != GENERATOR_VERSION
+    {
         anyhow::bail!(
             "{}: stale golden file (oracle v{}, generator v{}; now v{ORACLE_VERSION}, v{GENERATOR_VERSION}); {BLESS_HINT}",
             path.display(),
@@ -215,14 +243,23 @@ pub fn diff(stored: &Golden, now: &Golden) -> Vec<String> {
     for (k, v) in &now.inputs {
         match stored.inputs.get(k) {
             Some(s) if s == v => {}
-            s => d.push(format!("input {k}: stored {}, now {v} (generator drift)", s.map_or("none", |s| s.as_str()))),
+            s => d.push(format!(
+                "input {k}: stored {}, now {v} (generator drift)",
+                s.map_or("none", |s| s.as_str())
+            )),
         }
     }
     if !close(stored.loss, now.loss) {
-        d.push(format!("loss: stored {:e}, now {:e}", stored.loss, now.loss));
+        d.push(format!(
+            "loss: stored {:e}, now {:e}",
+            stored.loss, now.loss
+        ));
     }
     if stored.clipped_count != now.clipped_count {
-        d.push(format!("clipped_count: stored {}, now {}", stored.clipped_count, now.clipped_count));
+        d.push(format!(
+            "clipped_count: stored {}, now {}",
+            stored.clipped_count, now.clipped_count
+        ));
     }
     for (k, v) in &now.norms {
         match stored.norms.get(k) {
@@ -233,7 +270,11 @@ pub fn diff(stored: &Golden, now: &Golden) -> Vec<String> {
     for (k, v) in &now.per_token {
         match stored.per_token.get(k) {
             None => d.push(format!("per_token {k}: missing in stored file")),
-            Some(s) if s.len() != v.len() => d.push(format!("per_token {k}: stored {} values, now {}", s.len(), v.len())),
+            Some(s) if s.len() != v.len() => d.push(format!(
+                "per_token {k}: stored {} values, now {}",
+                s.len(),
+                v.len()
+            )),
             Some(s) => {
                 if let Some(first) = (0..v.len()).find(|&i| !close(s[i], v[i])) {
                     let (mut d2, mut s2, mut worst) = (0f64, 0f64, first);
@@ -260,8 +301,12 @@ pub fn diff(stored: &Golden, now: &Golden) -> Vec<String> {
     for (k, v) in &now.samples {
         match stored.samples.get(k) {
             Some(s) if s.len() == v.len() => {
-                if let Some(i) = (0..v.len()).find(|&i| s[i].0 != v[i].0 || !close(s[i].1, v[i].1)) {
-                    d.push(format!("sample {k}@{}: stored {:e}, now {:e}", v[i].0, s[i].1, v[i].1));
+                if let Some(i) = (0..v.len()).find(|&i| s[i].0 != v[i].0 || !close(s[i].1, v[i].1))
+                {
+                    d.push(format!(
+                        "sample {k}@{}: stored {:e}, now {:e}",
+                        v[i].0, s[i].1, v[i].1
+                    ));
                 }
             }
             _ => d.push(format!("samples {k}: positions differ")),
@@ -283,7 +328,11 @@ pub enum Check {
 pub fn check(dir: &Path, case: &Case, inputs: &Inputs, o: &Oracle) -> Result<Check> {
     let stored = load(&path(dir, case))?;
     let d = diff(&stored, &compute(case, inputs, o));
-    Ok(if d.is_empty() { Check::Match } else { Check::Mismatch(d) })
+    Ok(if d.is_empty() {
+        Check::Match
+    } else {
+        Check::Mismatch(d)
+    })
 }
 
 /// Golden files under `dir` that belong to no case of `cases` (stale leftovers).
@@ -292,7 +341,9 @@ pub fn orphans(dir: &Path, cases: &[&Case]) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in rd.flatten() {
             let p = e.path();
             if p.is_dir() {

@@ -40,7 +40,10 @@ pub fn repo_root() -> PathBuf {
         return PathBuf::from(r);
     }
     if let Ok(cwd) = std::env::current_dir() {
-        if let Some(r) = cwd.ancestors().find(|d| d.join("cases").is_dir() && d.join("configs").is_dir()) {
+        if let Some(r) = cwd
+            .ancestors()
+            .find(|d| d.join("cases").is_dir() && d.join("configs").is_dir())
+        {
             return r.to_path_buf();
         }
     }

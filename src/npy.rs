@@ -11,7 +11,14 @@ fn header(descr: &str, shape: &[usize]) -> Vec<u8> {
     let dims = match shape.len() {
         0 => "()".to_string(),
         1 => format!("({},)", shape[0]),
-        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
     let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {dims}, }}");
     let total = 10 + h.len() + 1;
@@ -25,8 +32,14 @@ fn header(descr: &str, shape: &[usize]) -> Vec<u8> {
 
 /// Streams an array to `path`: `fill` is called with a writer and must write exactly
 /// `shape.product()` elements of `descr` (`<f4` or `<i4`), little-endian.
-pub fn write_with(path: &Path, descr: &str, shape: &[usize], fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<()> {
-    let f = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+pub fn write_with(
+    path: &Path,
+    descr: &str,
+    shape: &[usize],
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
+    let f =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut w = BufWriter::with_capacity(1 << 20, f);
     w.write_all(&header(descr, shape))?;
     fill(&mut w).with_context(|| format!("writing {}", path.display()))?;
@@ -74,12 +87,17 @@ pub fn read(path: &Path) -> Result<Array> {
     }
     let (hlen, start) = match bytes[6] {
         1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
+        2 | 3 => (
+            u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize,
+            12,
+        ),
         v => bail!("{}: unsupported .npy version {v}", path.display()),
     };
     let h = std::str::from_utf8(&bytes[start..start + hlen])?;
     let field = |key: &str| -> Result<&str> {
-        let i = h.find(key).with_context(|| format!("{}: header has no {key}", path.display()))?;
+        let i = h
+            .find(key)
+            .with_context(|| format!("{}: header has no {key}", path.display()))?;
         Ok(&h[i + key.len()..])
     };
     let descr = field("'descr': '")?.split('\'').next().unwrap_or("");
@@ -97,13 +115,26 @@ pub fn read(path: &Path) -> Result<Array> {
     let body = &bytes[start + hlen..];
     let n: usize = shape.iter().product();
     let data: Vec<f64> = match descr {
-        "<f4" => body.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
-        "<f8" => body.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
-        "<i4" => body.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+        "<f4" => body
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
+        "<f8" => body
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        "<i4" => body
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
         d => bail!("{}: unsupported dtype {d}", path.display()),
     };
     if data.len() != n {
-        bail!("{}: {} elements for shape {shape:?}", path.display(), data.len());
+        bail!(
+            "{}: {} elements for shape {shape:?}",
+            path.display(),
+            data.len()
+        );
     }
     Ok(Array { shape, data })
 }

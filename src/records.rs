@@ -45,7 +45,10 @@ impl RecordWriter {
             .append(true)
             .open(path)
             .with_context(|| format!("cannot open record file {}", path.display()))?;
-        Ok(RecordWriter { path: path.to_path_buf(), out: BufWriter::new(f) })
+        Ok(RecordWriter {
+            path: path.to_path_buf(),
+            out: BufWriter::new(f),
+        })
     }
 
     /// The file written to.
@@ -61,7 +64,9 @@ impl RecordWriter {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             suite,
-            host: std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default(),
+            host: std::fs::read_to_string("/etc/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
             outcome,
             oracle_version: crate::oracle::ORACLE_VERSION,
             generator_version: crate::inputs::GENERATOR_VERSION,
@@ -86,7 +91,8 @@ pub struct ReadBack {
 /// Reads a JSONL record file back. A truncated *last* line is tolerated (and reported);
 /// an unreadable line elsewhere is an error naming the file and line.
 pub fn read(path: &Path) -> Result<ReadBack> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read record file {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read record file {}", path.display()))?;
     let lines: Vec<&str> = text.lines().collect();
     let mut back = ReadBack::default();
     for (k, line) in lines.iter().enumerate() {
@@ -95,7 +101,9 @@ pub fn read(path: &Path) -> Result<ReadBack> {
         }
         match serde_json::from_str::<TrialOutcome>(line) {
             Ok(o) => back.outcomes.push(o),
-            Err(_) if k + 1 == lines.len() && !text.ends_with('\n') => back.truncated_last_line = Some(k + 1),
+            Err(_) if k + 1 == lines.len() && !text.ends_with('\n') => {
+                back.truncated_last_line = Some(k + 1)
+            }
             Err(e) => anyhow::bail!("{}:{}: unreadable record line: {e}", path.display(), k + 1),
         }
     }

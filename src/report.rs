@@ -13,8 +13,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-const COLORS: [&str; 10] =
-    ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22"];
+const COLORS: [&str; 10] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
+    "#7f7f7f", "#bcbd22",
+];
 
 fn esc(s: &str) -> String {
     esc_html(s)
@@ -22,7 +24,10 @@ fn esc(s: &str) -> String {
 
 /// `s` escaped for HTML text and attributes.
 pub fn esc_html(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 /// Elements of the differentiable input(s), from a case id's shape part
@@ -47,12 +52,27 @@ struct Series {
 }
 
 /// A scatter plot with optional log axes; `hline` draws a dashed reference line.
-fn scatter(title: &str, xlabel: &str, ylabel: &str, series: &[Series], logx: bool, logy: bool, hline: Option<(f64, &str)>) -> String {
+fn scatter(
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    series: &[Series],
+    logx: bool,
+    logy: bool,
+    hline: Option<(f64, &str)>,
+) -> String {
     let (w, h, l, r, t, b) = (1000.0, 380.0, 70.0, 330.0, 30.0, 50.0);
     let tx = |x: f64| if logx { x.max(1e-30).log10() } else { x };
     let ty = |y: f64| if logy { y.max(1e-30).log10() } else { y };
-    let pts: Vec<(f64, f64)> = series.iter().flat_map(|s| s.points.iter().map(|&(x, y)| (tx(x), ty(y)))).collect();
-    let mut svg = format!(r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11"><text x="{}" y="18" font-size="13" font-weight="bold">{}</text>"#, l, esc(title));
+    let pts: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|&(x, y)| (tx(x), ty(y))))
+        .collect();
+    let mut svg = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11"><text x="{}" y="18" font-size="13" font-weight="bold">{}</text>"#,
+        l,
+        esc(title)
+    );
     if pts.is_empty() {
         svg.push_str(r#"<text x="80" y="80">no data in this run</text></svg>"#);
         return svg;
@@ -68,25 +88,78 @@ fn scatter(title: &str, xlabel: &str, ylabel: &str, series: &[Series], logx: boo
         y0 = y0.min(ty(v));
         y1 = y1.max(ty(v));
     }
-    let pad = |a: f64, b: f64| if (b - a).abs() < 1e-12 { 0.5 } else { 0.05 * (b - a) };
+    let pad = |a: f64, b: f64| {
+        if (b - a).abs() < 1e-12 {
+            0.5
+        } else {
+            0.05 * (b - a)
+        }
+    };
     let (px, py) = (pad(x0, x1), pad(y0, y1));
     let (x0, x1, y0, y1) = (x0 - px, x1 + px, y0 - py, y1 + py);
     let sx = |x: f64| l + (x - x0) / (x1 - x0) * (w - l - r);
     let sy = |y: f64| h - b - (y - y0) / (y1 - y0) * (h - t - b);
-    let _ = write!(svg, r##"<rect x="{l}" y="{t}" width="{}" height="{}" fill="none" stroke="#999"/>"##, w - l - r, h - t - b);
+    let _ = write!(
+        svg,
+        r##"<rect x="{l}" y="{t}" width="{}" height="{}" fill="none" stroke="#999"/>"##,
+        w - l - r,
+        h - t - b
+    );
     for k in 0..=4 {
         let fx = x0 + (x1 - x0) * k as f64 / 4.0;
         let fy = y0 + (y1 - y0) * k as f64 / 4.0;
-        let lab = |v: f64, log: bool| if log { format!("{:.1e}", 10f64.powf(v)) } else { format!("{v:.3}") };
-        let _ = write!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#444">{}</text>"##, sx(fx), h - b + 14.0, lab(fx, logx));
-        let _ = write!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#444">{}</text>"##, l - 4.0, sy(fy) + 4.0, lab(fy, logy));
-        let _ = write!(svg, r##"<line x1="{l}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#eee"/>"##, w - r, sy(fy), sy(fy));
+        let lab = |v: f64, log: bool| {
+            if log {
+                format!("{:.1e}", 10f64.powf(v))
+            } else {
+                format!("{v:.3}")
+            }
+        };
+        let _ = write!(
+            svg,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#444">{}</text>"##,
+            sx(fx),
+            h - b + 14.0,
+            lab(fx, logx)
+        );
+        let _ = write!(
+            svg,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#444">{}</text>"##,
+            l - 4.0,
+            sy(fy) + 4.0,
+            lab(fy, logy)
+        );
+        let _ = write!(
+            svg,
+            r##"<line x1="{l}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#eee"/>"##,
+            w - r,
+            sy(fy),
+            sy(fy)
+        );
     }
-    let _ = write!(svg, r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##, l + (w - l - r) / 2.0, h - 12.0, esc(xlabel));
-    let _ = write!(svg, r##"<text transform="translate(14,{:.1}) rotate(-90)" text-anchor="middle">{}</text>"##, t + (h - t - b) / 2.0, esc(ylabel));
+    let _ = write!(
+        svg,
+        r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+        l + (w - l - r) / 2.0,
+        h - 12.0,
+        esc(xlabel)
+    );
+    let _ = write!(
+        svg,
+        r##"<text transform="translate(14,{:.1}) rotate(-90)" text-anchor="middle">{}</text>"##,
+        t + (h - t - b) / 2.0,
+        esc(ylabel)
+    );
     if let Some((v, label)) = hline {
         let y = sy(ty(v));
-        let _ = write!(svg, r##"<line x1="{l}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#d62728" stroke-dasharray="5,4"/><text x="{:.1}" y="{:.1}" fill="#d62728">{}</text>"##, w - r, l + 4.0, y - 4.0, esc(label));
+        let _ = write!(
+            svg,
+            r##"<line x1="{l}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#d62728" stroke-dasharray="5,4"/><text x="{:.1}" y="{:.1}" fill="#d62728">{}</text>"##,
+            w - r,
+            l + 4.0,
+            y - 4.0,
+            esc(label)
+        );
     }
     for (k, s) in series.iter().enumerate() {
         let c = COLORS[k % COLORS.len()];
@@ -104,7 +177,15 @@ fn scatter(title: &str, xlabel: &str, ylabel: &str, series: &[Series], logx: boo
             );
         }
         let ly = t + 12.0 + 14.0 * k as f64;
-        let _ = write!(svg, r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{c}"/><text x="{:.1}" y="{:.1}">{}</text>"#, w - r + 12.0, ly - 4.0, w - r + 20.0, ly, esc(&s.name));
+        let _ = write!(
+            svg,
+            r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{c}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
+            w - r + 12.0,
+            ly - 4.0,
+            w - r + 20.0,
+            ly,
+            esc(&s.name)
+        );
     }
     svg.push_str("</svg>");
     svg
@@ -123,6 +204,7 @@ fn cell(v: &Verdict) -> (&'static str, &'static str) {
         Verdict::Pass => ("pass", "#c8e6c9"),
         Verdict::Fail => ("FAIL", "#ef9a9a"),
         Verdict::Error(_) => ("ERROR", "#ef9a9a"),
+        v if v.is_not_applicable() => ("n/a", "#fafafa"),
         Verdict::Ignored(_) => ("–", "#eeeeee"),
         Verdict::ExpectedFail(_) => ("xfail", "#ffe0b2"),
         Verdict::UnexpectedPass(_) => ("XPASS", "#ef9a9a"),
@@ -133,23 +215,51 @@ fn cell(v: &Verdict) -> (&'static str, &'static str) {
 /// backend): case, trial, verdict, per-chip peak / floor, collectives (count and bytes
 /// per device, static: from the compiled HLO), and the one-device invariance check.
 fn multi_device_rows(runs: &[&TrialOutcome]) -> Vec<[String; 6]> {
-    let sharded = |c: &str| c.rsplit('/').next().is_some_and(|t| t.starts_with('d') && (t.ends_with("-batch") || t.ends_with("-vocab")));
+    let sharded = |c: &str| {
+        c.rsplit('/')
+            .next()
+            .is_some_and(|t| t.starts_with('d') && (t.ends_with("-batch") || t.ends_with("-vocab")))
+    };
     runs.iter()
-        .filter(|o| o.backend != "reference" && sharded(&o.case) && !matches!(o.verdict, Verdict::Ignored(_)))
+        .filter(|o| {
+            o.backend != "reference"
+                && sharded(&o.case)
+                && !matches!(o.verdict, Verdict::Ignored(_))
+        })
         .map(|o| {
             // XLA:CPU's peak is always arguments + outputs: no per-chip figure to show.
             let ratio = match o.memory.as_ref() {
-                Some(m) if m.source.as_deref().is_some_and(|s| s.starts_with("XLA:CPU")) => "- (CPU)".into(),
-                m => m.and_then(|m| m.peak_over_floor()).map_or("-".into(), |r| format!("{r:.3}")),
+                Some(m)
+                    if m.source
+                        .as_deref()
+                        .is_some_and(|s| s.starts_with("XLA:CPU")) =>
+                {
+                    "- (CPU)".into()
+                }
+                m => m
+                    .and_then(|m| m.peak_over_floor())
+                    .map_or("-".into(), |r| format!("{r:.3}")),
             };
-            let coll = o.cost.as_ref().and_then(|c| Some((*c.get("collectives")?, *c.get("collective bytes")?)));
-            let coll = coll.map_or("-".into(), |(n, b)| format!("{n:.0} ({})", crate::runner::human_bytes(b as u64)));
+            let coll = o
+                .cost
+                .as_ref()
+                .and_then(|c| Some((*c.get("collectives")?, *c.get("collective bytes")?)));
+            let coll = coll.map_or("-".into(), |(n, b)| {
+                format!("{n:.0} ({})", crate::runner::human_bytes(b as u64))
+            });
             let inv = match &o.invariance {
                 Some(i) if i.passed() => "equal".to_string(),
                 Some(_) => "DIFFERS".to_string(),
                 None => "-".to_string(),
             };
-            [o.case.clone(), format!("{}/{}", o.backend, o.implementation), o.verdict.label(), ratio, coll, inv]
+            [
+                o.case.clone(),
+                format!("{}/{}", o.backend, o.implementation),
+                o.verdict.label(),
+                ratio,
+                coll,
+                inv,
+            ]
         })
         .collect()
 }
@@ -171,15 +281,28 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let trials: Vec<&TrialOutcome> = run.trials.values().collect();
     let tally = crate::trials::Tally::of(trials.iter().copied());
-    let runs: Vec<&TrialOutcome> = trials.iter().copied().filter(|o| o.kind == TrialKind::Run).collect();
+    let runs: Vec<&TrialOutcome> = trials
+        .iter()
+        .copied()
+        .filter(|o| o.kind == TrialKind::Run)
+        .collect();
 
     // Verdict matrix: cases × backend/implementation, failing cases first.
-    let columns: BTreeSet<String> = runs.iter().map(|o| format!("{}/{}", o.backend, o.implementation)).collect();
+    let columns: BTreeSet<String> = runs
+        .iter()
+        .map(|o| format!("{}/{}", o.backend, o.implementation))
+        .collect();
     let mut by_case: BTreeMap<String, BTreeMap<String, &TrialOutcome>> = BTreeMap::new();
     for o in &runs {
-        by_case.entry(o.case.clone()).or_default().insert(format!("{}/{}", o.backend, o.implementation), o);
+        by_case
+            .entry(o.case.clone())
+            .or_default()
+            .insert(format!("{}/{}", o.backend, o.implementation), o);
     }
-    let mut cases: Vec<(&String, bool)> = by_case.iter().map(|(c, m)| (c, m.values().any(|o| !o.verdict.is_ok()))).collect();
+    let mut cases: Vec<(&String, bool)> = by_case
+        .iter()
+        .map(|(c, m)| (c, m.values().any(|o| !o.verdict.is_ok())))
+        .collect();
     cases.sort_by_key(|(c, bad)| (!bad, (*c).clone()));
 
     // Time against size, per implementation (executed trials with timed runs).
@@ -189,10 +312,17 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     let mut budget_line: Option<(f64, u64)> = None;
     for o in &runs {
         let key = format!("{}/{}", o.backend, o.implementation);
-        if let (Some(t), Some(n)) = (o.timing.as_ref().and_then(|t| t.median_s()), elements(&o.case)) {
+        if let (Some(t), Some(n)) = (
+            o.timing.as_ref().and_then(|t| t.median_s()),
+            elements(&o.case),
+        ) {
             time.entry(key.clone()).or_default().push((n, t));
         }
-        if let Some(m) = o.memory.as_ref().filter(|m| m.source.as_deref().is_some_and(|s| s.starts_with("libtpu"))) {
+        if let Some(m) = o
+            .memory
+            .as_ref()
+            .filter(|m| m.source.as_deref().is_some_and(|s| s.starts_with("libtpu")))
+        {
             if let (Some(r), Some(f)) = (m.peak_over_floor(), m.floor_bytes) {
                 mem.entry(key.clone()).or_default().push((f as f64, r));
             }
@@ -203,20 +333,41 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         }
         for g in &o.gates {
             if g.bound_used.is_finite() && g.bound_used > 0.0 {
-                margin.entry(g.output.to_string()).or_default().push((g.bound_used, 0.0));
+                margin
+                    .entry(g.output.to_string())
+                    .or_default()
+                    .push((g.bound_used, 0.0));
             }
         }
     }
-    let series = |m: BTreeMap<String, Vec<(f64, f64)>>| m.into_iter().map(|(name, points)| Series { name, points }).collect::<Vec<_>>();
+    let series = |m: BTreeMap<String, Vec<(f64, f64)>>| {
+        m.into_iter()
+            .map(|(name, points)| Series { name, points })
+            .collect::<Vec<_>>()
+    };
     let margin_series: Vec<Series> = margin
         .into_iter()
         .enumerate()
-        .map(|(k, (name, pts))| Series { name, points: pts.into_iter().map(|(x, _)| (x, k as f64 + 1.0)).collect() })
+        .map(|(k, (name, pts))| Series {
+            name,
+            points: pts.into_iter().map(|(x, _)| (x, k as f64 + 1.0)).collect(),
+        })
         .collect();
-    let time_svg = scatter("Median time against problem size", "elements of the differentiable input(s)", "median seconds", &series(time), true, true, None);
+    let time_svg = scatter(
+        "Median time against problem size",
+        "elements of the differentiable input(s)",
+        "median seconds",
+        &series(time),
+        true,
+        true,
+        None,
+    );
     let budget_label = budget_line.map(|(r, slack)| {
         if slack > 0 {
-            format!("budget {r}× (+{} fixed: small floors sit above the line and pass)", crate::runner::human_bytes(slack))
+            format!(
+                "budget {r}× (+{} fixed: small floors sit above the line and pass)",
+                crate::runner::human_bytes(slack)
+            )
         } else {
             format!("budget {r}×")
         }
@@ -242,7 +393,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
 
     // Markdown.
     let mut md = format!(
-        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}.\n\n**{} passed, {} failed, {} errors, {} ignored, {} expected failures, {} unexpected passes** ({} trials).\n\n",
+        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}.\n\n**{} passed, {} failed, {} errors, {} ignored, {} expected failures, {} unexpected passes** ({} trials; {} not applicable: an implementation without the case's level).\n\n",
         run_path.display(),
         run.suite,
         run.oracle_version,
@@ -254,38 +405,57 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         tally.ignored,
         tally.expected_fail,
         tally.unexpected_pass,
-        trials.len()
+        trials.len(),
+        tally.not_applicable
     );
     md.push_str("| backend/implementation | pass | fail | error | ignored |\n| --- | --- | --- | --- | --- |\n");
     for col in &columns {
-        let of = |f: &dyn Fn(&Verdict) -> bool| runs.iter().filter(|o| &format!("{}/{}", o.backend, o.implementation) == col && f(&o.verdict)).count();
+        let of = |f: &dyn Fn(&Verdict) -> bool| {
+            runs.iter()
+                .filter(|o| &format!("{}/{}", o.backend, o.implementation) == col && f(&o.verdict))
+                .count()
+        };
         let _ = writeln!(
             md,
             "| {col} | {} | {} | {} | {} |",
             of(&|v| *v == Verdict::Pass),
             of(&|v| matches!(v, Verdict::Fail | Verdict::UnexpectedPass(_))),
             of(&|v| matches!(v, Verdict::Error(_))),
-            of(&|v| matches!(v, Verdict::Ignored(_)))
+            of(&|v| matches!(v, Verdict::Ignored(_)) && !v.is_not_applicable())
         );
     }
     let speed = crate::report_speed::rows(&trials);
     if !speed.is_empty() {
         let _ = write!(md, "\n## Speed: derived roofline per device ({})\n\n| case | trial | generation | roofline | bound | matmuls / passes | × jax_baseline | measured / roofline | verdict |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n", speed.len());
         for r in &speed {
-            let _ = writeln!(md, "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} |", r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]);
+            let _ = writeln!(
+                md,
+                "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]
+            );
         }
     }
     let multi = multi_device_rows(&runs);
     if !multi.is_empty() {
         let _ = write!(md, "\n## Multi-device trials ({})\n\n| case | trial | verdict | peak/floor per chip | collectives (bytes per device) | vs 1 device |\n| --- | --- | --- | --- | --- | --- |\n", multi.len());
         for r in &multi {
-            let _ = writeln!(md, "| `{}` | {} | {} | {} | {} | {} |", r[0], r[1], r[2], r[3], r[4], r[5]);
+            let _ = writeln!(
+                md,
+                "| `{}` | {} | {} | {} | {} | {} |",
+                r[0], r[1], r[2], r[3], r[4], r[5]
+            );
         }
     }
     let bad: Vec<&&TrialOutcome> = trials.iter().filter(|o| !o.verdict.is_ok()).collect();
     let _ = write!(md, "\n## Not passing ({})\n\n", bad.len());
     for o in &bad {
-        let _ = writeln!(md, "- `{}`: {} — {}", o.name, o.verdict.label(), o.failure_text().lines().next().unwrap_or(""));
+        let _ = writeln!(
+            md,
+            "- `{}`: {} — {}",
+            o.name,
+            o.verdict.label(),
+            o.failure_text().lines().next().unwrap_or("")
+        );
     }
     if let Some((base, c)) = &cmp {
         md.push('\n');
@@ -312,19 +482,32 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     );
     if let Some((_, c)) = &cmp {
         let _ = write!(html, "<h2>Against the baseline: {}</h2><p>{} trials matched; {} regressions, {} improvements.</p>", if c.regressed() { "REGRESSED" } else { "no regression" }, c.matched, c.regressions.len(), c.improvements.len());
-        for (title, list) in [("Regressions", &c.regressions), ("Improvements and new trials", &c.improvements)] {
+        for (title, list) in [
+            ("Regressions", &c.regressions),
+            ("Improvements and new trials", &c.improvements),
+        ] {
             if list.is_empty() {
                 continue;
             }
             let _ = write!(html, "<h3>{title}</h3><table><tr><th>trial</th><th>what</th><th>base</th><th>new</th></tr>");
             for x in list.iter() {
-                let _ = write!(html, "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>", esc(&x.trial), esc(&x.what), esc(&x.base), esc(&x.new));
+                let _ = write!(
+                    html,
+                    "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    esc(&x.trial),
+                    esc(&x.what),
+                    esc(&x.base),
+                    esc(&x.new)
+                );
             }
             html.push_str("</table>");
         }
     }
     if !runs.is_empty() {
-        let _ = write!(html, "<h2>Plots</h2>{time_svg}<br>{mem_svg}<br>{margin_svg}");
+        let _ = write!(
+            html,
+            "<h2>Plots</h2>{time_svg}<br>{mem_svg}<br>{margin_svg}"
+        );
     }
     if let Some(svg) = crate::report_speed::sweep_svg(&trials) {
         let _ = write!(html, "<h2>Sweep</h2>{svg}");
@@ -332,7 +515,13 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     if !speed.is_empty() {
         let _ = write!(html, "<h2>Speed: derived roofline per device</h2><p>max(MXU, HBM time) + Pallas grid steps × 0.43 µs, from FLOPs and bytes the suite derives (docs/tpu.md \"Cost and roofline\"); matmuls: logits-sized matmuls (fused), passes: over the logits (lp) or the floor (fp).</p><table><tr><th>case</th><th>trial</th><th>generation</th><th>roofline</th><th>bound</th><th>matmuls / passes</th><th>× jax_baseline</th><th>measured / roofline</th><th>verdict</th></tr>");
         for r in &speed {
-            let _ = write!(html, "<tr>{}</tr>", r.iter().map(|c| format!("<td>{}</td>", esc(c))).collect::<String>());
+            let _ = write!(
+                html,
+                "<tr>{}</tr>",
+                r.iter()
+                    .map(|c| format!("<td>{}</td>", esc(c)))
+                    .collect::<String>()
+            );
         }
         html.push_str("</table>");
     }
@@ -348,7 +537,11 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
                 None => html.push_str("<td></td>"),
                 Some(o) => {
                     let (label, color) = cell(&o.verdict);
-                    let _ = write!(html, "<td style=\"background:{color}\" title=\"{}\">{label}</td>", esc(&o.failure_text()));
+                    let _ = write!(
+                        html,
+                        "<td style=\"background:{color}\" title=\"{}\">{label}</td>",
+                        esc(&o.failure_text())
+                    );
                 }
             }
         }
@@ -362,16 +555,24 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         }
         html.push_str("</table>");
     }
-    let other: Vec<&&TrialOutcome> = trials.iter().filter(|o| o.kind != TrialKind::Run && o.kind != TrialKind::Sweep).collect();
+    let other: Vec<&&TrialOutcome> = trials
+        .iter()
+        .filter(|o| o.kind != TrialKind::Run && o.kind != TrialKind::Sweep)
+        .collect();
     let _ = write!(html, "<h2>Golden and should-fail trials</h2><table><tr><th>trial</th><th>verdict</th><th>detail</th></tr>");
     for o in other {
         let (label, color) = cell(&o.verdict);
         let _ = write!(html, "<tr><td><code>{}</code></td><td style=\"background:{color}\">{label}</td><td>{}</td></tr>", esc(&o.name), esc(o.detail.as_deref().unwrap_or("")));
     }
     html.push_str("</table></body></html>\n");
-    let written = Written { html: out.join("report.html"), markdown: out.join("report.md") };
-    std::fs::write(&written.html, html).with_context(|| format!("cannot write {}", written.html.display()))?;
-    std::fs::write(&written.markdown, md).with_context(|| format!("cannot write {}", written.markdown.display()))?;
+    let written = Written {
+        html: out.join("report.html"),
+        markdown: out.join("report.md"),
+    };
+    std::fs::write(&written.html, html)
+        .with_context(|| format!("cannot write {}", written.html.display()))?;
+    std::fs::write(&written.markdown, md)
+        .with_context(|| format!("cannot write {}", written.markdown.display()))?;
     Ok(written)
 }
 
@@ -381,17 +582,42 @@ mod tests {
 
     #[test]
     fn elements_from_case_ids() {
-        assert_eq!(elements("logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0/normal1-random-mixed"), Some(2.0 * 8.0 * 2049.0));
-        assert_eq!(elements("fused/bf16/b1_t512_v151936_h512/grpo/x/y/z"), Some(512.0 * 512.0 + 512.0 * 151936.0));
+        assert_eq!(
+            elements("logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0/normal1-random-mixed"),
+            Some(2.0 * 8.0 * 2049.0)
+        );
+        assert_eq!(
+            elements("fused/bf16/b1_t512_v151936_h512/grpo/x/y/z"),
+            Some(512.0 * 512.0 + 512.0 * 151936.0)
+        );
         assert_eq!(elements("nonsense"), None);
     }
 
     #[test]
     fn multi_device_trials_are_listed_with_collectives() {
         let case = "fused/bf16/b4_t8_v2049_h64/grpo/x/y/d4-vocab";
-        let mut o = TrialOutcome::new(format!("tpu-aot-v6e-2x2/pallas_fused/{case}"), TrialKind::Run, "tpu-aot-v6e-2x2", "pallas_fused", case);
-        o.cost = Some([("collectives".to_string(), 4.0), ("collective bytes".to_string(), 1114112.0)].into_iter().collect());
-        let one = TrialOutcome::new("x".into(), TrialKind::Run, "pjrt-cpu", "pallas_fused", "fused/bf16/b4_t8_v2049_h64/grpo/x/y/z");
+        let mut o = TrialOutcome::new(
+            format!("tpu-aot-v6e-2x2/pallas_fused/{case}"),
+            TrialKind::Run,
+            "tpu-aot-v6e-2x2",
+            "pallas_fused",
+            case,
+        );
+        o.cost = Some(
+            [
+                ("collectives".to_string(), 4.0),
+                ("collective bytes".to_string(), 1114112.0),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let one = TrialOutcome::new(
+            "x".into(),
+            TrialKind::Run,
+            "pjrt-cpu",
+            "pallas_fused",
+            "fused/bf16/b4_t8_v2049_h64/grpo/x/y/z",
+        );
         let rows = multi_device_rows(&[&o, &one]);
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0][4], "4 (1.114 MB)");
@@ -400,8 +626,24 @@ mod tests {
 
     #[test]
     fn plots_are_self_contained_svg() {
-        let s = scatter("t", "x", "y", &[Series { name: "a<b".into(), points: vec![(1.0, 2.0), (10.0, 3.0)] }], true, false, Some((2.5, "budget")));
-        assert!(s.starts_with("<svg") && s.ends_with("</svg>") && s.contains("a&lt;b") && s.contains("budget"));
+        let s = scatter(
+            "t",
+            "x",
+            "y",
+            &[Series {
+                name: "a<b".into(),
+                points: vec![(1.0, 2.0), (10.0, 3.0)],
+            }],
+            true,
+            false,
+            Some((2.5, "budget")),
+        );
+        assert!(
+            s.starts_with("<svg")
+                && s.ends_with("</svg>")
+                && s.contains("a&lt;b")
+                && s.contains("budget")
+        );
         assert!(!s.contains("<script") && !s.contains("href"));
     }
 }

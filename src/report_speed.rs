@@ -15,7 +15,12 @@ pub fn rows(trials: &[&TrialOutcome]) -> Vec<[String; 9]> {
     let base: BTreeMap<(&str, &str), f64> = trials
         .iter()
         .filter(|o| o.implementation == crate::cost::speed::BASELINE)
-        .filter_map(|o| Some(((o.backend.as_str(), o.case.as_str()), o.roofline.as_ref()?.time_s)))
+        .filter_map(|o| {
+            Some((
+                (o.backend.as_str(), o.case.as_str()),
+                o.roofline.as_ref()?.time_s,
+            ))
+        })
         .collect();
     trials
         .iter()
@@ -27,9 +32,15 @@ pub fn rows(trials: &[&TrialOutcome]) -> Vec<[String; 9]> {
                 .speed
                 .as_ref()
                 .map(|s| s.ratio)
-                .or_else(|| base.get(&(o.backend.as_str(), o.case.as_str())).map(|b| r.time_s / b))
+                .or_else(|| {
+                    base.get(&(o.backend.as_str(), o.case.as_str()))
+                        .map(|b| r.time_s / b)
+                })
                 .map_or("-".into(), |x| format!("{x:.2}"));
-            let eff = o.efficiency.as_ref().map_or("-".into(), |e| format!("{:.2}", e.measured_over_roofline));
+            let eff = o
+                .efficiency
+                .as_ref()
+                .map_or("-".into(), |e| format!("{:.2}", e.measured_over_roofline));
             let bound = if r.mxu_s >= r.hbm_s { "MXU" } else { "HBM" };
             Some([
                 o.case.clone(),
@@ -49,7 +60,10 @@ pub fn rows(trials: &[&TrialOutcome]) -> Vec<[String; 9]> {
 /// The sweep plot: roofline time (log axis) against option set, one series per topology,
 /// jax_baseline's roofline dashed in the same colour. `None` without sweep records.
 pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
-    let sweep: Vec<&&TrialOutcome> = trials.iter().filter(|o| o.kind == TrialKind::Sweep).collect();
+    let sweep: Vec<&&TrialOutcome> = trials
+        .iter()
+        .filter(|o| o.kind == TrialKind::Sweep)
+        .collect();
     let sets: Vec<String> = sweep
         .iter()
         .filter(|o| o.implementation != crate::cost::speed::BASELINE)
@@ -61,7 +75,10 @@ pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
         return None;
     }
     let backends: BTreeSet<&str> = sweep.iter().map(|o| o.backend.as_str()).collect();
-    let times: Vec<f64> = sweep.iter().filter_map(|o| o.roofline.as_ref().map(|r| r.time_s * 1e3)).collect();
+    let times: Vec<f64> = sweep
+        .iter()
+        .filter_map(|o| o.roofline.as_ref().map(|r| r.time_s * 1e3))
+        .collect();
     let hi = times.iter().fold(0.0f64, |a, &t| a.max(t));
     if times.is_empty() {
         return Some("<p>The sweep compiled no option set: nothing to plot.</p>".into());
@@ -71,7 +88,10 @@ pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
         let width = (140 + 60 * sets.len() as u32).clamp(700, 1400);
         let root = SVGBackend::with_string(&mut svg, (width, 460)).into_drawing_area();
         root.fill(&WHITE).ok()?;
-        let title = format!("Roofline time per option set of {} (sweep, per device)", sets[0].split('@').next().unwrap_or(""));
+        let title = format!(
+            "Roofline time per option set of {} (sweep, per device)",
+            sets[0].split('@').next().unwrap_or("")
+        );
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 16))
             .margin(12)
@@ -96,20 +116,31 @@ pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, s)| {
-                    let o = sweep.iter().find(|o| o.backend == *b && &o.implementation == s)?;
+                    let o = sweep
+                        .iter()
+                        .find(|o| o.backend == *b && &o.implementation == s)?;
                     Some((SegmentValue::CenterOf(i), o.roofline.as_ref()?.time_s * 1e3))
                 })
                 .collect();
             let name = b.strip_prefix("tpu-aot-").unwrap_or(b).to_string();
             chart
-                .draw_series(pts.iter().map(|p| Circle::new(p.clone(), 4, color.filled())))
+                .draw_series(
+                    pts.iter()
+                        .map(|p| Circle::new(p.clone(), 4, color.filled())),
+                )
                 .ok()?
                 .label(name)
                 .legend(move |(x, y)| Circle::new((x + 8, y), 4, color.filled()));
-            if let Some(base) = sweep.iter().find(|o| o.backend == *b && o.implementation == crate::cost::speed::BASELINE).and_then(|o| o.roofline.as_ref()) {
+            if let Some(base) = sweep
+                .iter()
+                .find(|o| o.backend == *b && o.implementation == crate::cost::speed::BASELINE)
+                .and_then(|o| o.roofline.as_ref())
+            {
                 let t = base.time_s * 1e3;
                 let line = vec![(SegmentValue::Exact(0), t), (SegmentValue::Last, t)];
-                chart.draw_series(DashedLineSeries::new(line, 6, 4, color.stroke_width(1))).ok()?;
+                chart
+                    .draw_series(DashedLineSeries::new(line, 6, 4, color.stroke_width(1)))
+                    .ok()?;
             }
         }
         chart
@@ -121,17 +152,30 @@ pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
             .ok()?;
         root.present().ok()?;
     }
-    let failed = sweep.iter().filter(|o| matches!(o.verdict, Verdict::Error(_) | Verdict::Ignored(_))).count();
+    let failed = sweep
+        .iter()
+        .filter(|o| matches!(o.verdict, Verdict::Error(_) | Verdict::Ignored(_)))
+        .count();
     // The numbered option sets with each topology's roofline (or why there is none).
     let mut table = String::from("<table><tr><th>#</th><th>option set</th>");
     for b in &backends {
-        table.push_str(&format!("<th>{}</th>", crate::report::esc_html(b.strip_prefix("tpu-aot-").unwrap_or(b))));
+        table.push_str(&format!(
+            "<th>{}</th>",
+            crate::report::esc_html(b.strip_prefix("tpu-aot-").unwrap_or(b))
+        ));
     }
     table.push_str("</tr>");
     for (i, set) in sets.iter().enumerate() {
-        table.push_str(&format!("<tr><td>#{}</td><td><code>{}</code></td>", i + 1, crate::report::esc_html(set)));
+        table.push_str(&format!(
+            "<tr><td>#{}</td><td><code>{}</code></td>",
+            i + 1,
+            crate::report::esc_html(set)
+        ));
         for b in &backends {
-            let cell = match sweep.iter().find(|o| o.backend == *b && &o.implementation == set) {
+            let cell = match sweep
+                .iter()
+                .find(|o| o.backend == *b && &o.implementation == set)
+            {
                 Some(o) => match (&o.verdict, o.roofline.as_ref()) {
                     (Verdict::Pass, Some(r)) => human_time(r.time_s),
                     (Verdict::Fail, Some(r)) => format!("{} (over budget)", human_time(r.time_s)),
@@ -153,8 +197,23 @@ mod tests {
     use crate::cost::roofline::{Bound, Roofline};
 
     fn sweep_row(backend: &str, name: &str, t: f64) -> TrialOutcome {
-        let mut o = TrialOutcome::new(format!("{backend}/{name}/c"), TrialKind::Sweep, backend, name, "c");
-        o.roofline = Some(Roofline { generation: "v6e".into(), peak_flops: 1.0, hbm_bytes_per_s: 1.0, mxu_s: t, hbm_s: 0.0, steps_s: 0.0, time_s: t, bound: Bound::Mxu });
+        let mut o = TrialOutcome::new(
+            format!("{backend}/{name}/c"),
+            TrialKind::Sweep,
+            backend,
+            name,
+            "c",
+        );
+        o.roofline = Some(Roofline {
+            generation: "v6e".into(),
+            peak_flops: 1.0,
+            hbm_bytes_per_s: 1.0,
+            mxu_s: t,
+            hbm_s: 0.0,
+            steps_s: 0.0,
+            time_s: t,
+            bound: Bound::Mxu,
+        });
         o
     }
 
@@ -168,7 +227,14 @@ mod tests {
         ];
         let refs: Vec<&TrialOutcome> = rows.iter().collect();
         let svg = sweep_svg(&refs).expect("a plot");
-        assert!(svg.contains("<svg") && svg.contains("#2") && svg.contains("block_v=512") && svg.contains("block_v=1024") && svg.contains("v5e-2x2"), "{svg}");
+        assert!(
+            svg.contains("<svg")
+                && svg.contains("#2")
+                && svg.contains("block_v=512")
+                && svg.contains("block_v=1024")
+                && svg.contains("v5e-2x2"),
+            "{svg}"
+        );
         assert!(!svg.contains("<script"));
         assert!(sweep_svg(&refs[..1]).is_none(), "no option set: no plot");
         let table = rows_of(&refs);

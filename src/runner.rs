@@ -32,10 +32,23 @@ pub enum Verdict {
     UnexpectedPass(String),
 }
 
+/// The marker of an ignored reason that is not a limitation but a combination that does
+/// not exist: an implementation of one level asked for a case of the other. Such trials
+/// are recorded, but neither shown in the run table nor counted as ignored.
+pub const NOT_APPLICABLE: &str = "not applicable: ";
+
 impl Verdict {
+    /// Ignored because the combination does not apply (see [`NOT_APPLICABLE`]).
+    pub fn is_not_applicable(&self) -> bool {
+        matches!(self, Verdict::Ignored(r) if r.contains(NOT_APPLICABLE))
+    }
+
     /// Whether the run may stay green with this verdict.
     pub fn is_ok(&self) -> bool {
-        matches!(self, Verdict::Pass | Verdict::Ignored(_) | Verdict::ExpectedFail(_))
+        matches!(
+            self,
+            Verdict::Pass | Verdict::Ignored(_) | Verdict::ExpectedFail(_)
+        )
     }
 
     /// Short label for tables.
@@ -75,9 +88,13 @@ impl BudgetReport {
     /// Judges `memory` against `budget`; an error when the figures are missing.
     pub fn judge(b: Budget, memory: Option<&Memory>) -> Result<BudgetReport, String> {
         let budget = b.max_peak_over_floor;
-        let m = memory.ok_or("a memory budget is configured but the backend reported no memory figures")?;
+        let m = memory
+            .ok_or("a memory budget is configured but the backend reported no memory figures")?;
         let (Some(peak), Some(floor)) = (m.peak_bytes, m.floor_bytes) else {
-            return Err("a memory budget is configured but the compiler reported no peak or no floor".into());
+            return Err(
+                "a memory budget is configured but the compiler reported no peak or no floor"
+                    .into(),
+            );
         };
         if floor == 0 {
             return Err("floor (arguments + outputs − aliased) is 0 bytes".into());
@@ -85,8 +102,13 @@ impl BudgetReport {
         let ratio = peak as f64 / floor as f64;
         let bound = budget * floor as f64 + b.slack_bytes as f64;
         let passed = peak as f64 <= bound;
-        let slack = if b.slack_bytes > 0 { format!(" + {}", human_bytes(b.slack_bytes)) } else { String::new() };
-        let message = format!(
+        let slack = if b.slack_bytes > 0 {
+            format!(" + {}", human_bytes(b.slack_bytes))
+        } else {
+            String::new()
+        };
+        let message =
+            format!(
             "memory: peak {} / floor {} = {ratio:.3}×; budget {budget}× floor{slack} = {}: {}{}",
             human_bytes(peak),
             human_bytes(floor),
@@ -94,7 +116,15 @@ impl BudgetReport {
             if passed { "within" } else { "OVER BUDGET" },
             m.source.as_ref().map(|s| format!(" ({s})")).unwrap_or_default()
         );
-        Ok(BudgetReport { max_peak_over_floor: budget, slack_bytes: b.slack_bytes, peak_bytes: peak, floor_bytes: floor, ratio, passed, message })
+        Ok(BudgetReport {
+            max_peak_over_floor: budget,
+            slack_bytes: b.slack_bytes,
+            peak_bytes: peak,
+            floor_bytes: floor,
+            ratio,
+            passed,
+            message,
+        })
     }
 }
 
@@ -192,13 +222,22 @@ pub struct Invariance {
 impl Invariance {
     /// Whether both the one-device run and the comparison pass.
     pub fn passed(&self) -> bool {
-        self.one_device_gates.iter().chain(&self.gates).all(|g| g.passed)
+        self.one_device_gates
+            .iter()
+            .chain(&self.gates)
+            .all(|g| g.passed)
     }
 }
 
 impl TrialOutcome {
     /// An outcome with nothing measured yet.
-    pub fn new(name: String, kind: TrialKind, backend: &str, implementation: &str, case: &str) -> TrialOutcome {
+    pub fn new(
+        name: String,
+        kind: TrialKind,
+        backend: &str,
+        implementation: &str,
+        case: &str,
+    ) -> TrialOutcome {
         TrialOutcome {
             name,
             kind,
@@ -231,16 +270,33 @@ impl TrialOutcome {
     pub fn worst(&self) -> Option<&GateReport> {
         // Failing before passing, then by error (NaN errors of failed shape checks sort as equal).
         self.gates.iter().max_by(|a, b| {
-            (!a.passed, a.norm_err).partial_cmp(&(!b.passed, b.norm_err)).unwrap_or(std::cmp::Ordering::Equal)
+            (!a.passed, a.norm_err)
+                .partial_cmp(&(!b.passed, b.norm_err))
+                .unwrap_or(std::cmp::Ordering::Equal)
         })
     }
 
     /// The failures as text (one line per failing gate, the budget, the error or reason).
     pub fn failure_text(&self) -> String {
-        let mut lines: Vec<String> = self.gates.iter().filter(|g| !g.passed).map(|g| g.message.clone()).collect();
+        let mut lines: Vec<String> = self
+            .gates
+            .iter()
+            .filter(|g| !g.passed)
+            .map(|g| g.message.clone())
+            .collect();
         if let Some(inv) = &self.invariance {
-            lines.extend(inv.one_device_gates.iter().filter(|g| !g.passed).map(|g| format!("one-device run: {}", g.message)));
-            lines.extend(inv.gates.iter().filter(|g| !g.passed).map(|g| format!("invariance: {}", g.message)));
+            lines.extend(
+                inv.one_device_gates
+                    .iter()
+                    .filter(|g| !g.passed)
+                    .map(|g| format!("one-device run: {}", g.message)),
+            );
+            lines.extend(
+                inv.gates
+                    .iter()
+                    .filter(|g| !g.passed)
+                    .map(|g| format!("invariance: {}", g.message)),
+            );
         }
         if let Some(b) = self.budget.as_ref().filter(|b| !b.passed) {
             lines.push(b.message.clone());
@@ -289,16 +345,36 @@ impl Prepared {
     pub fn new(case: &Case) -> Prepared {
         let (inputs, stats) = Inputs::generate_with_stats(case);
         let oracle = Oracle::with_stats(case, &inputs, stats);
-        Prepared { inputs, oracle, one_device: Mutex::default() }
+        Prepared {
+            inputs,
+            oracle,
+            one_device: Mutex::default(),
+        }
     }
 
     /// `implementation`'s outputs on `backend` for `case`'s one-device twin, run by the
     /// first caller.
-    fn one_device_run(&self, backend: &dyn Backend, implementation: &str, twin: &Case, opts: &RunOptions) -> Result<Arc<Outputs>, String> {
-        let cell = self.one_device.lock().unwrap().entry(format!("{}/{implementation}", backend.name())).or_default().clone();
+    fn one_device_run(
+        &self,
+        backend: &dyn Backend,
+        implementation: &str,
+        twin: &Case,
+        opts: &RunOptions,
+    ) -> Result<Arc<Outputs>, String> {
+        let cell = self
+            .one_device
+            .lock()
+            .unwrap()
+            .entry(format!("{}/{implementation}", backend.name()))
+            .or_default()
+            .clone();
         cell.get_or_init(|| {
-            let res = backend.run(implementation, twin, &self.inputs, opts).map_err(|e| format!("{e:#}"))?;
-            res.outputs.map(Arc::new).ok_or_else(|| "the backend returned no outputs".to_string())
+            let res = backend
+                .run(implementation, twin, &self.inputs, opts)
+                .map_err(|e| format!("{e:#}"))?;
+            res.outputs
+                .map(Arc::new)
+                .ok_or_else(|| "the backend returned no outputs".to_string())
         })
         .clone()
     }
@@ -316,21 +392,30 @@ impl CaseCache {
     /// Announces that `n` more trials will ask for `case`.
     pub fn expect(&self, case: &Case, n: usize) {
         let mut s = self.slots.lock().unwrap();
-        s.entry(case.data_id().to_string()).or_insert_with(|| (Arc::new(OnceLock::new()), 0)).1 += n;
+        s.entry(case.data_id().to_string())
+            .or_insert_with(|| (Arc::new(OnceLock::new()), 0))
+            .1 += n;
     }
 
     /// The prepared case (computed by the first caller, others wait for it).
     pub fn get(&self, case: &Case) -> Arc<Prepared> {
         let cell = {
             let mut s = self.slots.lock().unwrap();
-            s.entry(case.data_id().to_string()).or_insert_with(|| (Arc::new(OnceLock::new()), 1)).0.clone()
+            s.entry(case.data_id().to_string())
+                .or_insert_with(|| (Arc::new(OnceLock::new()), 1))
+                .0
+                .clone()
         };
         cell.get_or_init(|| Arc::new(Prepared::new(case))).clone()
     }
 
     /// Whether `case`'s inputs and oracle are already computed (and held).
     pub fn is_ready(&self, case: &Case) -> bool {
-        self.slots.lock().unwrap().get(case.data_id()).is_some_and(|(cell, _)| cell.get().is_some())
+        self.slots
+            .lock()
+            .unwrap()
+            .get(case.data_id())
+            .is_some_and(|(cell, _)| cell.get().is_some())
     }
 
     /// One trial of `case` is done; the last one frees the case.
@@ -348,10 +433,22 @@ impl CaseCache {
 /// Runs one implementation on one case and judges it: output gates when the backend
 /// executes (on `prep`, which it then needs), the memory budget when one is configured.
 /// A backend error is `Error`; support is checked by the caller.
-pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep: Option<&Prepared>, opts: &RunOptions) -> TrialOutcome {
+pub fn run_trial(
+    backend: &dyn Backend,
+    implementation: &str,
+    case: &Case,
+    prep: Option<&Prepared>,
+    opts: &RunOptions,
+) -> TrialOutcome {
     let t0 = Instant::now();
     let name = format!("{}/{implementation}/{}", backend.name(), case.id);
-    let mut out = TrialOutcome::new(name, TrialKind::Run, backend.name(), implementation, &case.id);
+    let mut out = TrialOutcome::new(
+        name,
+        TrialKind::Run,
+        backend.name(),
+        implementation,
+        &case.id,
+    );
     let empty = Inputs::default();
     let inputs = prep.map(|p| &p.inputs).unwrap_or(&empty);
     match backend.run(implementation, case, inputs, opts) {
@@ -371,14 +468,21 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
                     if case.devices > 1 && backend.shards() {
                         match invariance(backend, implementation, case, p, &outputs, opts) {
                             Ok(inv) => out.invariance = Some(inv),
-                            Err(e) => out.verdict = Verdict::Error(format!("the one-device run for the invariance check: {e}")),
+                            Err(e) => {
+                                out.verdict = Verdict::Error(format!(
+                                    "the one-device run for the invariance check: {e}"
+                                ))
+                            }
                         }
                     }
                 }
                 (Some(_), None) => {
-                    out.verdict = Verdict::Error("internal: outputs without a prepared oracle".into());
+                    out.verdict =
+                        Verdict::Error("internal: outputs without a prepared oracle".into());
                 }
-                (None, _) if backend.executes() => out.verdict = Verdict::Error("the backend returned no outputs".into()),
+                (None, _) if backend.executes() => {
+                    out.verdict = Verdict::Error("the backend returned no outputs".into())
+                }
                 (None, _) => {}
             }
             if let Some(budget) = backend.budget(implementation) {
@@ -387,13 +491,22 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
                     Err(e) => out.verdict = Verdict::Error(e),
                 }
             }
-            if backend.speed_budget(implementation, case).is_some() && out.speed.is_none() && out.verdict == Verdict::Pass {
-                out.verdict = Verdict::Error("a speed budget is configured but the backend judged none".into());
+            if backend.speed_budget(implementation, case).is_some()
+                && out.speed.is_none()
+                && out.verdict == Verdict::Pass
+            {
+                out.verdict = Verdict::Error(
+                    "a speed budget is configured but the backend judged none".into(),
+                );
             }
-            let gates_failed = out.gates.iter().any(|g| !g.passed) || out.invariance.as_ref().is_some_and(|i| !i.passed());
+            let gates_failed = out.gates.iter().any(|g| !g.passed)
+                || out.invariance.as_ref().is_some_and(|i| !i.passed());
             let budget_failed = out.budget.as_ref().is_some_and(|b| !b.passed)
                 || out.speed.as_ref().is_some_and(|s| !s.passed)
-                || out.derived.as_ref().is_some_and(|d| !d.mismatches().is_empty());
+                || out
+                    .derived
+                    .as_ref()
+                    .is_some_and(|d| !d.mismatches().is_empty());
             if out.verdict == Verdict::Pass && (gates_failed || budget_failed) {
                 out.verdict = Verdict::Fail;
             }
@@ -406,7 +519,14 @@ pub fn run_trial(backend: &dyn Backend, implementation: &str, case: &Case, prep:
 /// Runs `case`'s one-device twin (same data, `devices: 1`) of `implementation` on
 /// `backend` (once per prepared data, see [`Prepared`]) and judges the multi-device
 /// `outputs` against it.
-fn invariance(backend: &dyn Backend, implementation: &str, case: &Case, p: &Prepared, outputs: &Outputs, opts: &RunOptions) -> Result<Invariance, String> {
+fn invariance(
+    backend: &dyn Backend,
+    implementation: &str,
+    case: &Case,
+    p: &Prepared,
+    outputs: &Outputs,
+    opts: &RunOptions,
+) -> Result<Invariance, String> {
     let twin = case.one_device_twin();
     let one = p.one_device_run(backend, implementation, &twin, opts)?;
     Ok(Invariance {
@@ -420,28 +540,84 @@ mod tests {
     use super::*;
 
     fn mem(peak: u64, arg: u64, out: u64) -> Memory {
-        Memory { peak_bytes: Some(peak), argument_bytes: Some(arg), output_bytes: Some(out), alias_bytes: Some(0), ..Default::default() }
-            .with_floor()
+        Memory {
+            peak_bytes: Some(peak),
+            argument_bytes: Some(arg),
+            output_bytes: Some(out),
+            alias_bytes: Some(0),
+            ..Default::default()
+        }
+        .with_floor()
     }
 
     #[test]
     fn budget_passes_at_and_fails_above_the_bound() {
-        let b = |r, s| Budget { max_peak_over_floor: r, slack_bytes: s };
+        let b = |r, s| Budget {
+            max_peak_over_floor: r,
+            slack_bytes: s,
+        };
         let r = BudgetReport::judge(b(1.05, 0), Some(&mem(105, 60, 40))).unwrap();
         assert!(r.passed && (r.ratio - 1.05).abs() < 1e-12, "{r:?}");
         let r = BudgetReport::judge(b(1.05, 0), Some(&mem(200, 60, 40))).unwrap();
-        assert!(!r.passed && r.message.contains("2.000×") && r.message.contains("OVER BUDGET"), "{}", r.message);
+        assert!(
+            !r.passed && r.message.contains("2.000×") && r.message.contains("OVER BUDGET"),
+            "{}",
+            r.message
+        );
         // The slack is absolute: it admits a fixed overhead, not a proportional one.
-        assert!(BudgetReport::judge(b(1.05, 50), Some(&mem(155, 60, 40))).unwrap().passed);
-        assert!(!BudgetReport::judge(b(1.05, 50), Some(&mem(156, 60, 40))).unwrap().passed);
+        assert!(
+            BudgetReport::judge(b(1.05, 50), Some(&mem(155, 60, 40)))
+                .unwrap()
+                .passed
+        );
+        assert!(
+            !BudgetReport::judge(b(1.05, 50), Some(&mem(156, 60, 40)))
+                .unwrap()
+                .passed
+        );
         assert!(BudgetReport::judge(b(1.05, 0), None).is_err());
         assert!(BudgetReport::judge(b(1.05, 0), Some(&Memory::default())).is_err());
     }
 
     #[test]
     fn only_pass_ignored_and_expected_fail_are_ok() {
-        assert!(Verdict::Pass.is_ok() && Verdict::Ignored("x".into()).is_ok() && Verdict::ExpectedFail("x".into()).is_ok());
-        assert!(!Verdict::Fail.is_ok() && !Verdict::Error("x".into()).is_ok() && !Verdict::UnexpectedPass("x".into()).is_ok());
+        assert!(
+            Verdict::Pass.is_ok()
+                && Verdict::Ignored("x".into()).is_ok()
+                && Verdict::ExpectedFail("x".into()).is_ok()
+        );
+        assert!(
+            !Verdict::Fail.is_ok()
+                && !Verdict::Error("x".into()).is_ok()
+                && !Verdict::UnexpectedPass("x".into()).is_ok()
+        );
+    }
+
+    /// Only an ignored reason carrying the marker is not applicable: a limitation that
+    /// mentions a level is still an ignored trial, and a failure never is.
+    #[test]
+    fn not_applicable_is_an_ignored_reason_with_the_marker() {
+        assert!(
+            Verdict::Ignored("pallas_fused: not applicable: level 'logits'".into())
+                .is_not_applicable()
+        );
+        assert!(
+            !Verdict::Ignored("ext: not supported: dtype 'bf16', level 'fused'".into())
+                .is_not_applicable()
+        );
+        assert!(!Verdict::Error("not applicable: level 'logits'".into()).is_not_applicable());
+        let mk = |v: Verdict| {
+            let mut o = TrialOutcome::new("n".into(), TrialKind::Run, "b", "i", "c");
+            o.verdict = v;
+            o
+        };
+        let outcomes = [
+            mk(Verdict::Pass),
+            mk(Verdict::Ignored("x: not applicable: level 'fused'".into())),
+            mk(Verdict::Ignored("compile-only".into())),
+        ];
+        let t = crate::trials::Tally::of(&outcomes);
+        assert_eq!((t.passed, t.ignored, t.not_applicable), (1, 1, 1));
     }
 
     /// A case and its multi-device variants share one prepared data set (inputs, oracle,
@@ -449,8 +625,10 @@ mod tests {
     #[test]
     fn sharded_variants_share_their_one_device_data_and_runs() {
         let one = crate::cases::parse_fixed("b: 4, t: 8, v: 300").unwrap();
-        let batch = crate::cases::parse_fixed("b: 4, t: 8, v: 300, devices: 4, sharding: batch").unwrap();
-        let vocab = crate::cases::parse_fixed("b: 4, t: 8, v: 300, devices: 4, sharding: vocab").unwrap();
+        let batch =
+            crate::cases::parse_fixed("b: 4, t: 8, v: 300, devices: 4, sharding: batch").unwrap();
+        let vocab =
+            crate::cases::parse_fixed("b: 4, t: 8, v: 300, devices: 4, sharding: vocab").unwrap();
         assert!(batch.id != vocab.id && batch.data_id() == one.id && vocab.data_id() == one.id);
         let cache = CaseCache::default();
         for c in [&one, &batch, &vocab] {
@@ -460,16 +638,31 @@ mod tests {
         assert!(Arc::ptr_eq(&p1, &p2) && cache.is_ready(&one));
         // The one-device run of an implementation is made once for both variants.
         let backend = crate::backends::reference::ReferenceBackend::default();
-        let opts = RunOptions { warmup: 0, repeats: 0 };
-        let a = p1.one_device_run(&backend, "oracle", &batch.one_device_twin(), &opts).unwrap();
-        let b = p2.one_device_run(&backend, "oracle", &vocab.one_device_twin(), &opts).unwrap();
+        let opts = RunOptions {
+            warmup: 0,
+            repeats: 0,
+        };
+        let a = p1
+            .one_device_run(&backend, "oracle", &batch.one_device_twin(), &opts)
+            .unwrap();
+        let b = p2
+            .one_device_run(&backend, "oracle", &vocab.one_device_twin(), &opts)
+            .unwrap();
         assert!(Arc::ptr_eq(&a, &b));
-        let c = p1.one_device_run(&backend, "naive_f32", &batch.one_device_twin(), &opts).unwrap();
-        assert!(!Arc::ptr_eq(&a, &c), "another implementation runs on its own");
+        let c = p1
+            .one_device_run(&backend, "naive_f32", &batch.one_device_twin(), &opts)
+            .unwrap();
+        assert!(
+            !Arc::ptr_eq(&a, &c),
+            "another implementation runs on its own"
+        );
         drop((p1, p2));
         cache.done(&batch);
         cache.done(&vocab);
-        assert!(cache.is_ready(&one), "the one-device case's trial still holds it");
+        assert!(
+            cache.is_ready(&one),
+            "the one-device case's trial still holds it"
+        );
         cache.done(&one);
         assert!(!cache.is_ready(&one), "freed after the last trial");
     }
@@ -485,7 +678,10 @@ mod tests {
         assert!(p.oracle.fused_grads_cached().is_none());
         let before = FUSED_GRADS_COMPUTED.with(|c| c.get());
         let first = gates::judge(&case, &p.inputs, &p.oracle, &outputs);
-        let cached = p.oracle.fused_grads_cached().expect("computed by the first evaluation");
+        let cached = p
+            .oracle
+            .fused_grads_cached()
+            .expect("computed by the first evaluation");
         let (ptr, data) = (cached as *const _, cached.dlm_head.as_ptr());
         let second = gates::judge(&case, &p.inputs, &p.oracle, &outputs);
         assert_eq!(FUSED_GRADS_COMPUTED.with(|c| c.get()) - before, 1);
@@ -493,8 +689,9 @@ mod tests {
         assert!(std::ptr::eq(ptr, again) && std::ptr::eq(data, again.dlm_head.as_ptr()));
         for r in [&first, &second] {
             assert!(r.iter().all(|g| g.passed), "{r:?}");
-            assert!(r.iter().any(|g| g.output == crate::spec::OutputName::DlmHead));
+            assert!(r
+                .iter()
+                .any(|g| g.output == crate::spec::OutputName::DlmHead));
         }
     }
 }
-

@@ -245,7 +245,10 @@ impl OutputName {
 
     /// Whether the output is a gradient (dtype of the differentiable input).
     pub fn is_gradient(self) -> bool {
-        matches!(self, OutputName::Dlogits | OutputName::Dhidden | OutputName::DlmHead)
+        matches!(
+            self,
+            OutputName::Dlogits | OutputName::Dhidden | OutputName::DlmHead
+        )
     }
 }
 

@@ -39,20 +39,34 @@ fn value_text(v: &Value) -> String {
 /// `pallas_fused@block_tokens=256,block_v=512`: the id and the swept options' values (in
 /// `keys` order, then any other option of the set), as trial names spell them.
 pub fn entry_name(id: &str, set: &Map<String, Value>, keys: &[String]) -> String {
-    let mut parts: Vec<String> = keys.iter().filter_map(|k| set.get(k).map(|v| format!("{k}={}", value_text(v)))).collect();
-    parts.extend(set.iter().filter(|(k, _)| !keys.contains(k)).map(|(k, v)| format!("{k}={}", value_text(v))));
+    let mut parts: Vec<String> = keys
+        .iter()
+        .filter_map(|k| set.get(k).map(|v| format!("{k}={}", value_text(v))))
+        .collect();
+    parts.extend(
+        set.iter()
+            .filter(|(k, _)| !keys.contains(k))
+            .map(|(k, v)| format!("{k}={}", value_text(v))),
+    );
     format!("{id}@{}", parts.join(","))
 }
 
 /// Parses `key=v1,v2,...` (a `--space` or `--set` argument): values are JSON where they
 /// parse (numbers, booleans, null), strings otherwise.
 pub fn parse_assignment(arg: &str) -> Result<(String, Vec<Value>), String> {
-    let (k, vs) = arg.split_once('=').ok_or_else(|| format!("`{arg}` is not of the form key=value[,value...]"))?;
+    let (k, vs) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("`{arg}` is not of the form key=value[,value...]"))?;
     let k = k.trim();
     if k.is_empty() || vs.trim().is_empty() {
         return Err(format!("`{arg}` is not of the form key=value[,value...]"));
     }
-    let values = vs.split(',').map(|v| serde_json::from_str(v.trim()).unwrap_or_else(|_| Value::String(v.trim().to_string()))).collect();
+    let values = vs
+        .split(',')
+        .map(|v| {
+            serde_json::from_str(v.trim()).unwrap_or_else(|_| Value::String(v.trim().to_string()))
+        })
+        .collect();
     Ok((k.to_string(), values))
 }
 
@@ -98,7 +112,9 @@ pub fn within(o: &TrialOutcome) -> bool {
 
 /// The best option set of each topology: the smallest roofline among rows within the
 /// budgets. `rows` are (topology, outcome).
-pub fn best_per_topology<'a>(rows: &'a [(String, TrialOutcome)]) -> BTreeMap<String, &'a TrialOutcome> {
+pub fn best_per_topology<'a>(
+    rows: &'a [(String, TrialOutcome)],
+) -> BTreeMap<String, &'a TrialOutcome> {
     let mut best: BTreeMap<String, &TrialOutcome> = BTreeMap::new();
     for (t, o) in rows.iter().filter(|(_, o)| within(o)) {
         let time = o.roofline.as_ref().map_or(f64::INFINITY, |r| r.time_s);
@@ -115,11 +131,17 @@ pub fn best_per_topology<'a>(rows: &'a [(String, TrialOutcome)]) -> BTreeMap<Str
 /// The option set that is within the budgets on every topology with the smallest worst
 /// ratio to jax_baseline's roofline across them: (implementation name, worst ratio, the
 /// topology where it is worst).
-pub fn best_overall(rows: &[(String, TrialOutcome)], baselines: &BTreeMap<String, f64>) -> Option<(String, f64, String)> {
+pub fn best_overall(
+    rows: &[(String, TrialOutcome)],
+    baselines: &BTreeMap<String, f64>,
+) -> Option<(String, f64, String)> {
     let topologies: Vec<&String> = baselines.keys().collect();
     let mut by_name: BTreeMap<&str, Vec<(&String, &TrialOutcome)>> = BTreeMap::new();
     for (t, o) in rows {
-        by_name.entry(o.implementation.as_str()).or_default().push((t, o));
+        by_name
+            .entry(o.implementation.as_str())
+            .or_default()
+            .push((t, o));
     }
     // (name, worst ratio, where, sum of ratios: ties go to the faster on the others).
     let mut best: Option<(String, f64, String, f64)> = None;
@@ -128,7 +150,11 @@ pub fn best_overall(rows: &[(String, TrialOutcome)], baselines: &BTreeMap<String
         let mut sum = 0.0;
         let mut ok = true;
         for t in &topologies {
-            match list.iter().find(|(tt, o)| tt == t && within(o)).and_then(|(_, o)| ratio(o, baselines.get(*t).copied())) {
+            match list
+                .iter()
+                .find(|(tt, o)| tt == t && within(o))
+                .and_then(|(_, o)| ratio(o, baselines.get(*t).copied()))
+            {
                 Some(r) => {
                     sum += r;
                     if r > worst.0 {
@@ -149,8 +175,14 @@ pub fn best_overall(rows: &[(String, TrialOutcome)], baselines: &BTreeMap<String
 /// A configuration entry (one YAML line for a backend's `implementations:` list) that
 /// pins `options` under `name`, with the budgets.
 pub fn config_entry(id: &str, name: &str, options: &Map<String, Value>, b: &Budgets) -> String {
-    let opts: Vec<String> = options.iter().map(|(k, v)| format!("{k}: {}", yaml_scalar(v))).collect();
-    let mut s = format!("- {{id: {id}, name: \"{name}\", options: {{{}}}", opts.join(", "));
+    let opts: Vec<String> = options
+        .iter()
+        .map(|(k, v)| format!("{k}: {}", yaml_scalar(v)))
+        .collect();
+    let mut s = format!(
+        "- {{id: {id}, name: \"{name}\", options: {{{}}}",
+        opts.join(", ")
+    );
     if let Some(m) = b.max_peak_over_floor {
         s.push_str(&format!(", max_peak_over_floor: {m}"));
         if b.peak_slack_bytes > 0 {
@@ -178,16 +210,39 @@ mod tests {
     use crate::cost::roofline::{Bound, Roofline};
     use crate::runner::TrialKind;
 
-    fn row(topology: &str, name: &str, time_s: Option<f64>, verdict: Verdict) -> (String, TrialOutcome) {
-        let mut o = TrialOutcome::new(format!("tpu-aot-{topology}/{name}/c"), TrialKind::Sweep, topology, name, "c");
+    fn row(
+        topology: &str,
+        name: &str,
+        time_s: Option<f64>,
+        verdict: Verdict,
+    ) -> (String, TrialOutcome) {
+        let mut o = TrialOutcome::new(
+            format!("tpu-aot-{topology}/{name}/c"),
+            TrialKind::Sweep,
+            topology,
+            name,
+            "c",
+        );
         o.verdict = verdict;
-        o.roofline = time_s.map(|t| Roofline { generation: "v6e".into(), peak_flops: 1.0, hbm_bytes_per_s: 1.0, mxu_s: t, hbm_s: 0.0, steps_s: 0.0, time_s: t, bound: Bound::Mxu });
+        o.roofline = time_s.map(|t| Roofline {
+            generation: "v6e".into(),
+            peak_flops: 1.0,
+            hbm_bytes_per_s: 1.0,
+            mxu_s: t,
+            hbm_s: 0.0,
+            steps_s: 0.0,
+            time_s: t,
+            bound: Bound::Mxu,
+        });
         (topology.to_string(), o)
     }
 
     #[test]
     fn option_sets_are_the_product_of_the_space_over_the_fixed_options() {
-        let space: Space = vec![("a".into(), vec![1.into(), 2.into()]), ("b".into(), vec!["x".into(), "y".into(), "z".into()])];
+        let space: Space = vec![
+            ("a".into(), vec![1.into(), 2.into()]),
+            ("b".into(), vec!["x".into(), "y".into(), "z".into()]),
+        ];
         let mut fixed = Map::new();
         fixed.insert("c".into(), true.into());
         let sets = option_sets(&space, &fixed);
@@ -196,9 +251,17 @@ mod tests {
         assert!(sets.iter().all(|s| s["c"] == true));
         let keys = vec!["a".to_string(), "b".to_string()];
         assert_eq!(entry_name("k", &sets[5], &keys), "k@a=2,b=z,c=true");
-        assert_eq!(parse_assignment("block_v=512, 1024").unwrap(), ("block_v".into(), vec![512.into(), 1024.into()]));
-        assert_eq!(parse_assignment("dz=f32,input").unwrap().1, vec![Value::from("f32"), Value::from("input")]);
-        assert!(parse_assignment("block_v").unwrap_err().contains("key=value"));
+        assert_eq!(
+            parse_assignment("block_v=512, 1024").unwrap(),
+            ("block_v".into(), vec![512.into(), 1024.into()])
+        );
+        assert_eq!(
+            parse_assignment("dz=f32,input").unwrap().1,
+            vec![Value::from("f32"), Value::from("input")]
+        );
+        assert!(parse_assignment("block_v")
+            .unwrap_err()
+            .contains("key=value"));
         assert!(parse_assignment("=3").is_err());
     }
 
@@ -215,10 +278,18 @@ mod tests {
         let per = best_per_topology(&rows);
         assert_eq!(per["v6e"].implementation, "k@a=2");
         assert_eq!(per["v5e"].implementation, "k@a=3");
-        let baselines: BTreeMap<String, f64> = [("v6e".to_string(), 2.0), ("v5e".to_string(), 8.0)].into();
+        let baselines: BTreeMap<String, f64> =
+            [("v6e".to_string(), 2.0), ("v5e".to_string(), 8.0)].into();
         // a=2 does not compile on v5e, a=3 is over budget on v6e: a=1 (worst 1.0× on v6e).
-        assert_eq!(best_overall(&rows, &baselines), Some(("k@a=1".into(), 1.0, "v6e".into())));
-        let b = Budgets { max_peak_over_floor: Some(1.1), peak_slack_bytes: 131072, max_roofline_over_baseline: Some(1.0) };
+        assert_eq!(
+            best_overall(&rows, &baselines),
+            Some(("k@a=1".into(), 1.0, "v6e".into()))
+        );
+        let b = Budgets {
+            max_peak_over_floor: Some(1.1),
+            peak_slack_bytes: 131072,
+            max_roofline_over_baseline: Some(1.0),
+        };
         let mut opts = Map::new();
         opts.insert("a".into(), 1.into());
         opts.insert("d".into(), "f32".into());
@@ -226,6 +297,9 @@ mod tests {
             config_entry("k", "k@a=1", &opts, &b),
             "- {id: k, name: \"k@a=1\", options: {a: 1, d: \"f32\"}, max_peak_over_floor: 1.1, peak_slack_bytes: 131072, max_roofline_over_baseline: 1}"
         );
-        assert!(b.describe().contains("peak ≤ 1.1× floor") && b.describe().contains("roofline ≤ 1× jax_baseline"));
+        assert!(
+            b.describe().contains("peak ≤ 1.1× floor")
+                && b.describe().contains("roofline ≤ 1× jax_baseline")
+        );
     }
 }

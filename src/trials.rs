@@ -29,14 +29,20 @@ use std::time::Instant;
 fn mem_available_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+    line.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|kib| kib * 1024)
 }
 
 /// Refuses a case whose inputs and oracle would not fit in this machine's memory, before
 /// anything is allocated (instead of an abort on a failed allocation).
 pub fn check_host_memory(case: &Case) -> Result<(), String> {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let need = case.host_bytes_needed().ok_or_else(|| format!("{}: shape overflows 64-bit byte counts", case.id))?;
+    let need = case
+        .host_bytes_needed()
+        .ok_or_else(|| format!("{}: shape overflows 64-bit byte counts", case.id))?;
     match mem_available_bytes() {
         Some(avail) if need > avail => Err(format!(
             "needs ~{:.1} GiB of host memory for its inputs and the oracle, this machine has {:.1} GiB available",
@@ -96,7 +102,11 @@ impl Trial {
     /// Whether the trial needs the case's inputs and oracle.
     fn needs_oracle(&self) -> Option<&Arc<Case>> {
         match &self.work {
-            Work::Run { target: Target::Ready(b), case, .. } if b.executes() && !case.compile_only => Some(case),
+            Work::Run {
+                target: Target::Ready(b),
+                case,
+                ..
+            } if b.executes() && !case.compile_only => Some(case),
             Work::Golden(c) if !c.compile_only => Some(c),
             _ => None,
         }
@@ -123,7 +133,13 @@ pub struct Selection {
 impl Selection {
     /// Whether `t` is selected.
     pub fn keeps(&self, t: &Trial) -> bool {
-        let m = |pat: &String| if self.exact { &t.name == pat } else { t.name.contains(pat.as_str()) };
+        let m = |pat: &String| {
+            if self.exact {
+                &t.name == pat
+            } else {
+                t.name.contains(pat.as_str())
+            }
+        };
         if !self.filters.is_empty() && !self.filters.iter().any(m) {
             return false;
         }
@@ -134,7 +150,8 @@ impl Selection {
         if !self.backends.is_empty() && !(is_run && self.backends.contains(&t.key.0)) {
             return false;
         }
-        if !self.implementations.is_empty() && !(is_run && self.implementations.contains(&t.key.1)) {
+        if !self.implementations.is_empty() && !(is_run && self.implementations.contains(&t.key.1))
+        {
             return false;
         }
         true
@@ -172,19 +189,33 @@ fn configured_implementations(config: &Config, backend: &str) -> Vec<(String, Op
     } else {
         None
     };
-    list.map(|l| crate::config::enabled(l).iter().map(|c| (c.display_name().to_string(), c.cases.clone())).collect()).unwrap_or_default()
+    list.map(|l| {
+        crate::config::enabled(l)
+            .iter()
+            .map(|c| (c.display_name().to_string(), c.cases.clone()))
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 /// Whether an implementation entry with case glob `cases` runs on `case_id`.
 fn covers(cases: &Option<String>, case_id: &str) -> bool {
-    cases.as_deref().is_none_or(|g| crate::config::glob_match(g, case_id))
+    cases
+        .as_deref()
+        .is_none_or(|g| crate::config::glob_match(g, case_id))
 }
 
 impl Plan {
     /// Builds the full trial list of `suite` (cheap: nothing is exported or generated).
     /// `required` backends that are unavailable become failing trials. A stale
     /// expected-failure entry (matching no trial of the whole matrix) is an error.
-    pub fn build(matrix: &Matrix, suite: Suite, config: &Config, required: &[String], bless: bool) -> Result<Plan> {
+    pub fn build(
+        matrix: &Matrix,
+        suite: Suite,
+        config: &Config,
+        required: &[String],
+        bless: bool,
+    ) -> Result<Plan> {
         for r in required {
             if !config.backends.names().contains(r) {
                 bail!(
@@ -196,17 +227,24 @@ impl Plan {
         }
         let (ready, unavailable) = backends::available(config);
         for b in &ready {
-            b.validate().map_err(|e| anyhow::anyhow!("{}: backend `{}`: {e:#}", config.origin, b.name()))?;
+            b.validate()
+                .map_err(|e| anyhow::anyhow!("{}: backend `{}`: {e:#}", config.origin, b.name()))?;
         }
-        let by_name: HashMap<String, Arc<dyn Backend>> = ready.iter().map(|b| (b.name().to_string(), b.clone())).collect();
+        let by_name: HashMap<String, Arc<dyn Backend>> = ready
+            .iter()
+            .map(|b| (b.name().to_string(), b.clone()))
+            .collect();
         let names = config.backends.names();
 
         // Stale expected failures: judged on the whole matrix, not this suite or filter.
         for (k, e) in config.expected_failures.iter().enumerate() {
             let hit = names.iter().any(|b| {
-                configured_implementations(config, b)
-                    .iter()
-                    .any(|(i, g)| matrix.suite(Suite::Full).iter().any(|c| covers(g, &c.id) && e.matches(b, i, &c.id)))
+                configured_implementations(config, b).iter().any(|(i, g)| {
+                    matrix
+                        .suite(Suite::Full)
+                        .iter()
+                        .any(|c| covers(g, &c.id) && e.matches(b, i, &c.id))
+                })
             });
             if !hit {
                 bail!(
@@ -220,22 +258,40 @@ impl Plan {
         // An entry's case glob that matches no case of the matrix is a typo, not a choice.
         for b in &names {
             for (i, g) in configured_implementations(config, b) {
-                if let Some(g) = g.filter(|g| !matrix.suite(Suite::Full).iter().any(|c| crate::config::glob_match(g, &c.id))) {
+                if let Some(g) = g.filter(|g| {
+                    !matrix
+                        .suite(Suite::Full)
+                        .iter()
+                        .any(|c| crate::config::glob_match(g, &c.id))
+                }) {
                     bail!("{}: backend `{b}`, implementation `{i}`: cases \"{g}\" matches no case of the matrix", config.origin);
                 }
             }
         }
         if let Some(t) = &config.backends.tpu_aot {
             for c in crate::config::enabled(&t.implementations) {
-                if let Some(g) = c.speed_cases.as_deref().filter(|g| !matrix.suite(Suite::Full).iter().any(|k| crate::config::glob_match(g, &k.id))) {
+                if let Some(g) = c.speed_cases.as_deref().filter(|g| {
+                    !matrix
+                        .suite(Suite::Full)
+                        .iter()
+                        .any(|k| crate::config::glob_match(g, &k.id))
+                }) {
                     bail!("{}: backend `tpu-aot`, implementation `{}`: speed_cases \"{g}\" matches no case of the matrix", config.origin, c.display_name());
                 }
             }
         }
-        if names.iter().all(|b| configured_implementations(config, b).is_empty()) {
+        if names
+            .iter()
+            .all(|b| configured_implementations(config, b).is_empty())
+        {
             bail!("{}: the configuration selects no implementation (no backend, or every entry disabled): nothing would be checked", config.origin);
         }
-        let cases: Vec<Arc<Case>> = matrix.suite(suite).into_iter().cloned().map(Arc::new).collect();
+        let cases: Vec<Arc<Case>> = matrix
+            .suite(suite)
+            .into_iter()
+            .cloned()
+            .map(Arc::new)
+            .collect();
         let mut trials = Vec::new();
         let targets: Vec<(String, Target, Vec<(String, Option<String>)>)> = names
             .iter()
@@ -243,8 +299,15 @@ impl Plan {
                 let target = match by_name.get(b) {
                     Some(x) => Target::Ready(x.clone()),
                     None => {
-                        let reason = unavailable.iter().find(|u| &u.name == b).map(|u| u.reason.clone()).unwrap_or_default();
-                        Target::Unavailable { reason, required: required.contains(b) }
+                        let reason = unavailable
+                            .iter()
+                            .find(|u| &u.name == b)
+                            .map(|u| u.reason.clone())
+                            .unwrap_or_default();
+                        Target::Unavailable {
+                            reason,
+                            required: required.contains(b),
+                        }
                     }
                 };
                 (b.clone(), target, configured_implementations(config, b))
@@ -259,15 +322,28 @@ impl Plan {
                     if !covers(glob, &c.id) {
                         continue;
                     }
-                    let expected = config.expected_failures.iter().find(|e| e.matches(b, imp, &c.id)).cloned();
+                    let expected = config
+                        .expected_failures
+                        .iter()
+                        .find(|e| e.matches(b, imp, &c.id))
+                        .cloned();
                     trials.push(Trial {
                         name: format!("{b}/{imp}/{}", c.id),
                         key: (b.clone(), imp.clone(), c.id.clone()),
-                        work: Work::Run { target: target.clone(), implementation: imp.clone(), case: c.clone(), expected },
+                        work: Work::Run {
+                            target: target.clone(),
+                            implementation: imp.clone(),
+                            case: c.clone(),
+                            expected,
+                        },
                     });
                 }
             }
-            trials.push(Trial { name: format!("golden/{}", c.id), key: ("golden".into(), "oracle".into(), c.id.clone()), work: Work::Golden(c.clone()) });
+            trials.push(Trial {
+                name: format!("golden/{}", c.id),
+                key: ("golden".into(), "oracle".into(), c.id.clone()),
+                work: Work::Golden(c.clone()),
+            });
         }
         // The wrong variants need the ci tier's variety (τ ≠ 1, empty rows, ...) to be caught.
         if matches!(suite, Suite::Ci | Suite::Full) {
@@ -306,16 +382,25 @@ impl Plan {
     pub fn prepare(&self) -> Vec<(String, String)> {
         let mut per_backend: Vec<(Arc<dyn Backend>, Vec<(String, Arc<Case>)>)> = Vec::new();
         for t in &self.trials {
-            if let Work::Run { target: Target::Ready(b), implementation, case, .. } = &t.work {
+            if let Work::Run {
+                target: Target::Ready(b),
+                implementation,
+                case,
+                ..
+            } = &t.work
+            {
                 match per_backend.iter_mut().find(|(x, _)| x.name() == b.name()) {
                     Some((_, w)) => w.push((implementation.clone(), case.clone())),
-                    None => per_backend.push((b.clone(), vec![(implementation.clone(), case.clone())])),
+                    None => {
+                        per_backend.push((b.clone(), vec![(implementation.clone(), case.clone())]))
+                    }
                 }
             }
         }
         let mut errors = Vec::new();
         for (b, work) in per_backend {
-            let refs: Vec<(&str, &Case)> = work.iter().map(|(i, c)| (i.as_str(), c.as_ref())).collect();
+            let refs: Vec<(&str, &Case)> =
+                work.iter().map(|(i, c)| (i.as_str(), c.as_ref())).collect();
             if let Err(e) = b.prepare(&refs) {
                 errors.push((b.name().to_string(), format!("{e:#}")));
             }
@@ -335,9 +420,25 @@ impl Plan {
     /// The reason a run trial is ignored, if it is (asks the backend, so after [`Plan::prepare`]).
     pub fn ignored(&self, t: &Trial) -> Option<String> {
         match &t.work {
-            Work::Run { target: Target::Unavailable { reason, required: false }, .. } => Some(format!("backend unavailable: {reason}")),
-            Work::Run { target: Target::Ready(b), case, .. } if b.executes() && case.compile_only => Some(COMPILE_ONLY.into()),
-            Work::Run { target: Target::Ready(b), implementation, case, .. } => b.supports(implementation, case).err(),
+            Work::Run {
+                target:
+                    Target::Unavailable {
+                        reason,
+                        required: false,
+                    },
+                ..
+            } => Some(format!("backend unavailable: {reason}")),
+            Work::Run {
+                target: Target::Ready(b),
+                case,
+                ..
+            } if b.executes() && case.compile_only => Some(COMPILE_ONLY.into()),
+            Work::Run {
+                target: Target::Ready(b),
+                implementation,
+                case,
+                ..
+            } => b.supports(implementation, case).err(),
             Work::Golden(c) if c.compile_only => Some(COMPILE_ONLY_GOLDEN.into()),
             _ => None,
         }
@@ -349,7 +450,12 @@ impl Plan {
         let t0 = Instant::now();
         let (b, i, c) = &t.key;
         let mut out = match &t.work {
-            Work::Run { target, implementation, case, expected } => {
+            Work::Run {
+                target,
+                implementation,
+                case,
+                expected,
+            } => {
                 let mut o = match target {
                     Target::Unavailable { reason, required } => {
                         let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
@@ -369,19 +475,30 @@ impl Plan {
                         let needs = backend.executes();
                         let o = match backend.supports(implementation, case) {
                             Err(reason) => {
-                                let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
+                                let mut o =
+                                    TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
                                 o.verdict = Verdict::Ignored(reason);
                                 o
                             }
-                            Ok(()) => match (needs && !cache.is_ready(case)).then(|| check_host_memory(case)).transpose() {
+                            Ok(()) => match (needs && !cache.is_ready(case))
+                                .then(|| check_host_memory(case))
+                                .transpose()
+                            {
                                 Err(e) => {
-                                    let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
+                                    let mut o =
+                                        TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
                                     o.verdict = Verdict::Error(e);
                                     o
                                 }
                                 Ok(_) => {
                                     let prep = needs.then(|| cache.get(case));
-                                    run_trial(backend.as_ref(), implementation, case, prep.as_deref(), opts)
+                                    run_trial(
+                                        backend.as_ref(),
+                                        implementation,
+                                        case,
+                                        prep.as_deref(),
+                                        opts,
+                                    )
                                 }
                             },
                         };
@@ -411,7 +528,11 @@ impl Plan {
             }
             Work::Golden(case) => {
                 let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Golden, b, i, c);
-                if let Err(e) = if cache.is_ready(case) { Ok(()) } else { check_host_memory(case) } {
+                if let Err(e) = if cache.is_ready(case) {
+                    Ok(())
+                } else {
+                    check_host_memory(case)
+                } {
                     cache.done(case);
                     o.verdict = Verdict::Error(e);
                     o.wall_s = t0.elapsed().as_secs_f64();
@@ -419,8 +540,11 @@ impl Plan {
                 }
                 let prep = cache.get(case);
                 let res = if self.bless {
-                    golden::store(&golden::path(&self.golden_dir, case), &golden::compute(case, &prep.inputs, &prep.oracle))
-                        .map(|_| Check::Match)
+                    golden::store(
+                        &golden::path(&self.golden_dir, case),
+                        &golden::compute(case, &prep.inputs, &prep.oracle),
+                    )
+                    .map(|_| Check::Match)
                 } else {
                     golden::check(&self.golden_dir, case, &prep.inputs, &prep.oracle)
                 };
@@ -447,7 +571,10 @@ impl Plan {
     fn should_fail(&self, t: &Trial, m: Mutation) -> TrialOutcome {
         let (b, i, c) = &t.key;
         let mut o = TrialOutcome::new(t.name.clone(), TrialKind::ShouldFail, b, i, c);
-        let opts = RunOptions { warmup: 0, repeats: 0 };
+        let opts = RunOptions {
+            warmup: 0,
+            repeats: 0,
+        };
         for case in &self.cases {
             if case.compile_only || self.reference.supports(i, case).is_err() {
                 continue;
@@ -464,13 +591,17 @@ impl Plan {
             }
         }
         o.verdict = Verdict::Fail;
-        o.detail = Some(format!("{} is a deliberately wrong variant but it passed every case of the suite", m.name()));
+        o.detail = Some(format!(
+            "{} is a deliberately wrong variant but it passed every case of the suite",
+            m.name()
+        ));
         o
     }
 }
 
 /// Why an executing backend's trial of a `compile_only` case is ignored.
-pub const COMPILE_ONLY: &str = "compile-only case: only backends that compile without executing (tpu-aot) run it";
+pub const COMPILE_ONLY: &str =
+    "compile-only case: only backends that compile without executing (tpu-aot) run it";
 /// Why a `compile_only` case has no golden check.
 pub const COMPILE_ONLY_GOLDEN: &str = "compile-only case: no inputs, oracle or golden values";
 
@@ -483,8 +614,10 @@ pub struct Tally {
     pub failed: usize,
     /// Errors (export, compile, run, required backend missing).
     pub errors: usize,
-    /// Ignored with a reason.
+    /// Ignored with a reason (a limitation, an unavailable backend, a compile-only case).
     pub ignored: usize,
+    /// Combinations that do not apply (an implementation without the case's level).
+    pub not_applicable: usize,
     /// Expected failures that failed.
     pub expected_fail: usize,
     /// Expected failures that passed (a failure of the run).
@@ -500,6 +633,7 @@ impl Tally {
                 Verdict::Pass => t.passed += 1,
                 Verdict::Fail => t.failed += 1,
                 Verdict::Error(_) => t.errors += 1,
+                Verdict::Ignored(_) if o.verdict.is_not_applicable() => t.not_applicable += 1,
                 Verdict::Ignored(_) => t.ignored += 1,
                 Verdict::ExpectedFail(_) => t.expected_fail += 1,
                 Verdict::UnexpectedPass(_) => t.unexpected_pass += 1,
@@ -511,6 +645,7 @@ impl Tally {
     /// Whether the run is green: something was checked (a pass or a confirmed expected
     /// failure) and nothing failed.
     pub fn green(&self) -> bool {
-        self.passed + self.expected_fail > 0 && self.failed + self.errors + self.unexpected_pass == 0
+        self.passed + self.expected_fail > 0
+            && self.failed + self.errors + self.unexpected_pass == 0
     }
 }

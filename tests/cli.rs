@@ -27,18 +27,27 @@ fn cases_lists_a_suite() {
     assert!(o.status.success(), "{}", stderr(&o));
     let ids = String::from_utf8(o.stdout).unwrap();
     assert!(ids.lines().count() >= 5);
-    assert!(ids.lines().all(|l| l.starts_with("logits/") || l.starts_with("fused/")));
+    assert!(ids
+        .lines()
+        .all(|l| l.starts_with("logits/") || l.starts_with("fused/")));
 }
 
 #[test]
 fn a_typo_in_a_case_file_is_one_line_naming_file_line_and_key() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("x.yaml"), "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1, t: 2, v: 9, tempreture: 1.0}\n").unwrap();
+    std::fs::write(
+        dir.path().join("x.yaml"),
+        "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1, t: 2, v: 9, tempreture: 1.0}\n",
+    )
+    .unwrap();
     let o = suite(&["--cases", dir.path().to_str().unwrap(), "cases"]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
     assert_eq!(e.trim().lines().count(), 1, "{e}");
-    assert!(e.contains("x.yaml") && e.contains("tempreture") && e.contains("line 4"), "{e}");
+    assert!(
+        e.contains("x.yaml") && e.contains("tempreture") && e.contains("line 4"),
+        "{e}"
+    );
     assert!(!e.contains("panicked"));
 }
 
@@ -46,7 +55,11 @@ fn a_typo_in_a_case_file_is_one_line_naming_file_line_and_key() {
 fn a_typo_in_a_config_is_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("c.yaml");
-    std::fs::write(&cfg, "repeats: 1\nbackends:\n  reference: {implementations: [oracle], plugn: x}\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "repeats: 1\nbackends:\n  reference: {implementations: [oracle], plugn: x}\n",
+    )
+    .unwrap();
     let o = suite(&["run", "--suite", "smoke", "--config", cfg.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
@@ -58,10 +71,18 @@ fn a_typo_in_a_config_is_one_line() {
 fn unknown_case_and_backend_are_clear_errors() {
     let o = suite(&["inputs", "logits/f32/nope", "--out", "/tmp/x"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("no case `logits/f32/nope`"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no case `logits/f32/nope`"),
+        "{}",
+        stderr(&o)
+    );
     let o = suite(&["run", "--backend", "pjrt-tpuu"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("unknown backend `pjrt-tpuu`"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("unknown backend `pjrt-tpuu`"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 fn read(d: &Path, name: &str) -> npy::Array {
@@ -83,7 +104,13 @@ fn inputs_reproduce_the_golden_values_in_rust_and_numpy() {
         let case = m.get(id).unwrap();
         let g = golden::load(&golden::path(&repo_root().join("golden"), case)).unwrap();
         // Rebuild the inputs from the files alone and re-run the oracle on them.
-        let f32s = |n: &str| read(dir.path(), n).data.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let f32s = |n: &str| {
+            read(dir.path(), n)
+                .data
+                .iter()
+                .map(|&x| x as f32)
+                .collect::<Vec<f32>>()
+        };
         let mut inputs = grpo_conformance::inputs::Inputs::generate(case);
         match case.level {
             grpo_conformance::spec::Level::Logits => inputs.logits = f32s("logits"),
@@ -92,24 +119,46 @@ fn inputs_reproduce_the_golden_values_in_rust_and_numpy() {
                 inputs.lm_head = f32s("lm_head");
             }
         }
-        inputs.chosen_ids = read(dir.path(), "chosen_ids").data.iter().map(|&x| x as i32).collect();
+        inputs.chosen_ids = read(dir.path(), "chosen_ids")
+            .data
+            .iter()
+            .map(|&x| x as i32)
+            .collect();
         inputs.old_logp = f32s("old_logp");
         inputs.ref_logp = f32s("ref_logp");
         inputs.advantages = f32s("advantages");
         inputs.mask = f32s("mask");
         for t in inputs.tensors(case) {
-            assert_eq!(g.inputs[t.name], t.digest(), "{id}: {} read back differs from the golden digest", t.name);
+            assert_eq!(
+                g.inputs[t.name],
+                t.digest(),
+                "{id}: {} read back differs from the golden digest",
+                t.name
+            );
         }
         let oracle = grpo_conformance::oracle::Oracle::new(case, &inputs);
         assert!(golden::diff(&g, &golden::compute(case, &inputs, &oracle)).is_empty());
         let loss = read(dir.path(), "loss");
         assert_eq!(loss.shape, Vec::<usize>::new());
-        assert!(golden::close(loss.data[0] as f32, g.loss), "{id}: loss.npy {} vs golden {}", loss.data[0], g.loss);
+        assert!(
+            golden::close(loss.data[0] as f32, g.loss),
+            "{id}: loss.npy {} vs golden {}",
+            loss.data[0],
+            g.loss
+        );
         // An independent numpy implementation of SPEC on the same files.
         let py = repo_root().join(".venv/bin/python");
-        let o = Command::new(&py).arg(repo_root().join("scripts/reproduce_case.py")).arg(dir.path()).output()
+        let o = Command::new(&py)
+            .arg(repo_root().join("scripts/reproduce_case.py"))
+            .arg(dir.path())
+            .output()
             .unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup.sh)", py.display()));
-        assert!(o.status.success(), "numpy disagrees on {id}:\n{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+        assert!(
+            o.status.success(),
+            "numpy disagrees on {id}:\n{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            stderr(&o)
+        );
     }
 }
 
@@ -118,27 +167,64 @@ fn run_writes_one_jsonl_record_per_trial_and_a_table() {
     let dir = tempfile::tempdir().unwrap();
     let rec = dir.path().join("r.jsonl");
     let cfg = dir.path().join("c.yaml");
-    std::fs::write(&cfg, "repeats: 2\nwarmup: 0\nbackends:\n  reference: {implementations: [oracle, naive_f32]}\n").unwrap();
-    let o = suite(&["run", "--suite", "smoke", "--config", cfg.to_str().unwrap(), "--records", rec.to_str().unwrap()]);
+    std::fs::write(
+        &cfg,
+        "repeats: 2\nwarmup: 0\nbackends:\n  reference: {implementations: [oracle, naive_f32]}\n",
+    )
+    .unwrap();
+    let o = suite(&[
+        "run",
+        "--suite",
+        "smoke",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--records",
+        rec.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
     assert!(out.contains("case") && out.contains("verdict") && out.contains("worst error"));
-    let lines: Vec<serde_json::Value> =
-        std::fs::read_to_string(&rec).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    let n_smoke = String::from_utf8(suite(&["cases", "--suite", "smoke"]).stdout).unwrap().lines().count();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&rec)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let n_smoke = String::from_utf8(suite(&["cases", "--suite", "smoke"]).stdout)
+        .unwrap()
+        .lines()
+        .count();
     // Two implementations per case, plus one golden check per case: every trial kind is recorded.
     assert_eq!(lines.len(), 3 * n_smoke);
-    assert_eq!(lines.iter().filter(|l| l["kind"] == "golden" && l["verdict"] == "pass").count(), n_smoke);
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l["kind"] == "golden" && l["verdict"] == "pass")
+            .count(),
+        n_smoke
+    );
     for l in lines.iter().filter(|l| l["kind"] == "run") {
-        assert!(["pass", "ignored"].contains(&l["verdict"].as_str().unwrap()), "{l}");
+        assert!(
+            ["pass", "ignored"].contains(&l["verdict"].as_str().unwrap()),
+            "{l}"
+        );
         assert_eq!(l["tol_scale"], 1.0);
         if l["verdict"] == "pass" {
             assert_eq!(l["timing"]["runs_s"].as_array().unwrap().len(), 2);
             assert!(l["gates"].as_array().unwrap().len() >= 7);
         } else {
-            assert!(l["reason"].as_str().unwrap().contains("logits level only"));
+            assert!(
+                l["reason"].as_str().unwrap().contains(
+                    "not applicable: level 'fused' (it implements the logits level only)"
+                ),
+                "{l}"
+            );
         }
     }
+    // naive_f32 on fused cases: recorded, but neither a row of the table nor an ignored trial.
+    let na = lines.iter().filter(|l| l["verdict"] == "ignored").count();
+    assert!(na > 0);
+    assert!(!out.contains("not applicable: level"), "{out}");
+    assert!(out.contains(&format!(" 0 ignored ({na} not applicable, not shown: an implementation without the case's level)")), "{out}");
 }
 
 /// Writes a config file and runs `grpo-suite run` with it.
@@ -148,22 +234,42 @@ fn run_with(config: &str, args: &[&str], env: &[(&str, &str)]) -> (Output, tempf
     std::fs::write(&cfg, config).unwrap();
     let rec = dir.path().join("r.jsonl");
     let mut cmd = grpo_suite();
-    cmd.args(["run", "--config", cfg.to_str().unwrap(), "--records", rec.to_str().unwrap()]).args(args);
+    cmd.args([
+        "run",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--records",
+        rec.to_str().unwrap(),
+    ])
+    .args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
     (cmd.output().unwrap(), dir)
 }
 
-const TAU_CASE: &str = "logits/bf16/b2_t16_v2049/grpo/eps0.2-0.28/beta0_tau0.7/normal1-random-mixed";
+const TAU_CASE: &str =
+    "logits/bf16/b2_t16_v2049/grpo/eps0.2-0.28/beta0_tau0.7/normal1-random-mixed";
 
 #[test]
 fn an_expected_failure_that_fails_keeps_the_run_green() {
     let cfg = "backends:\n  reference: {implementations: [naive_f32+NoTemperatureInGradient]}\nexpected_failures:\n  - {implementation: naive_f32+NoTemperatureInGradient, cases: '*_tau*', reason: 'no 1/tau in dlogits', link: 'tests/cli.rs'}\n";
-    let (o, _d) = run_with(cfg, &["--suite", "ci", "--filter", &format!("reference/naive_f32+NoTemperatureInGradient/{TAU_CASE}")], &[]);
+    let (o, _d) = run_with(
+        cfg,
+        &[
+            "--suite",
+            "ci",
+            "--filter",
+            &format!("reference/naive_f32+NoTemperatureInGradient/{TAU_CASE}"),
+        ],
+        &[],
+    );
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}{}", out, stderr(&o));
-    assert!(out.contains("expected fail") && out.contains("1 expected failures, 0 unexpected passes"), "{out}");
+    assert!(
+        out.contains("expected fail") && out.contains("1 expected failures, 0 unexpected passes"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -172,7 +278,10 @@ fn an_expected_failure_that_passes_fails_the_run_with_the_hint() {
     let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
-    assert!(e.contains("UNEXPECTED PASS") && e.contains("remove the entry"), "{e}");
+    assert!(
+        e.contains("UNEXPECTED PASS") && e.contains("remove the entry"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -182,33 +291,63 @@ fn a_stale_expected_failure_is_an_error() {
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
     assert_eq!(e.trim().lines().count(), 1, "{e}");
-    assert!(e.contains("expected_failures[0]") && e.contains("stale"), "{e}");
+    assert!(
+        e.contains("expected_failures[0]") && e.contains("stale"),
+        "{e}"
+    );
 }
 
 #[test]
 fn selecting_nothing_is_an_error_not_a_green_run() {
-    let (o, _d) = run_with("backends:\n  reference: {implementations: [oracle]}\n", &["--suite", "smoke", "--filter", "no-such-trial"], &[]);
+    let (o, _d) = run_with(
+        "backends:\n  reference: {implementations: [oracle]}\n",
+        &["--suite", "smoke", "--filter", "no-such-trial"],
+        &[],
+    );
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("nothing would be checked"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("nothing would be checked"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn an_invalid_tolerance_scale_is_one_line_before_any_work() {
     for bad in ["abc", "-1", "0", "nan", "inf", "", "1e30"] {
-        let (o, _d) = run_with("backends:\n  reference: {implementations: [oracle]}\n", &["--suite", "smoke"], &[("GRPO_TOL_SCALE", bad)]);
+        let (o, _d) = run_with(
+            "backends:\n  reference: {implementations: [oracle]}\n",
+            &["--suite", "smoke"],
+            &[("GRPO_TOL_SCALE", bad)],
+        );
         assert_eq!(o.status.code(), Some(2), "GRPO_TOL_SCALE={bad:?}");
         let e = stderr(&o);
-        assert!(e.contains("GRPO_TOL_SCALE") && e.trim().lines().count() == 1, "{e}");
+        assert!(
+            e.contains("GRPO_TOL_SCALE") && e.trim().lines().count() == 1,
+            "{e}"
+        );
     }
 }
 
 #[test]
 fn a_scaled_tolerance_is_loud_in_the_summary() {
-    let loose = [("GRPO_TOL_SCALE", "1e30"), ("GRPO_ALLOW_LOOSE_TOLERANCES", "1")];
-    let (o, _d) = run_with("backends:\n  reference: {implementations: [oracle]}\n", &["--suite", "smoke"], &loose);
+    let loose = [
+        ("GRPO_TOL_SCALE", "1e30"),
+        ("GRPO_ALLOW_LOOSE_TOLERANCES", "1"),
+    ];
+    let (o, _d) = run_with(
+        "backends:\n  reference: {implementations: [oracle]}\n",
+        &["--suite", "smoke"],
+        &loose,
+    );
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("TOLERANCES SCALED ×1000000000000000000000000000000"));
-    let (o, _d) = run_with("backends:\n  reference: {implementations: [oracle]}\n", &["--suite", "smoke"], &[("GRPO_TOL_SCALE", "0.5")]);
+    assert!(String::from_utf8_lossy(&o.stdout)
+        .contains("TOLERANCES SCALED ×1000000000000000000000000000000"));
+    let (o, _d) = run_with(
+        "backends:\n  reference: {implementations: [oracle]}\n",
+        &["--suite", "smoke"],
+        &[("GRPO_TOL_SCALE", "0.5")],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("TOLERANCES SCALED ×0.5"));
 }
@@ -220,11 +359,26 @@ fn an_unavailable_backend_lists_its_trials_ignored_and_a_required_one_fails() {
     let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(out.contains("pjrt-cpu/jax_baseline") && out.contains("ignored: backend unavailable: PJRT plugin /nonexistent/plugin.so"), "{out}");
-    assert!(out.contains("unavailable backends (their trials are ignored): pjrt-cpu"), "{out}");
-    let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[("GRPO_REQUIRE_BACKENDS", "reference,pjrt-cpu")]);
+    assert!(
+        out.contains("pjrt-cpu/jax_baseline")
+            && out.contains("ignored: backend unavailable: PJRT plugin /nonexistent/plugin.so"),
+        "{out}"
+    );
+    assert!(
+        out.contains("unavailable backends (their trials are ignored): pjrt-cpu"),
+        "{out}"
+    );
+    let (o, _d) = run_with(
+        cfg,
+        &["--suite", "smoke"],
+        &[("GRPO_REQUIRE_BACKENDS", "reference,pjrt-cpu")],
+    );
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("required backend `pjrt-cpu` unavailable"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("required backend `pjrt-cpu` unavailable"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -233,10 +387,20 @@ fn a_filtered_run_exports_only_what_it_runs() {
     let art = tempfile::tempdir().unwrap();
     let trial = "pjrt-cpu/jax_baseline/logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed";
     let cfg = std::fs::read_to_string(repo_root().join("configs/default.yaml")).unwrap();
-    let (o, _d) = run_with(&cfg, &["--suite", "ci", "--filter", trial, "--repeats", "0"], &[("GRPO_ARTIFACTS", art.path().to_str().unwrap())]);
+    let (o, _d) = run_with(
+        &cfg,
+        &["--suite", "ci", "--filter", trial, "--repeats", "0"],
+        &[("GRPO_ARTIFACTS", art.path().to_str().unwrap())],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let modules = |d: &Path| {
-        std::fs::read_dir(d).map(|rd| rd.flatten().filter(|e| e.path().join("module.mlirbc").is_file()).count()).unwrap_or(0)
+        std::fs::read_dir(d)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.path().join("module.mlirbc").is_file())
+                    .count()
+            })
+            .unwrap_or(0)
     };
     let n = modules(art.path());
     assert_eq!(n, 1, "a run of one trial exported {n} modules");
@@ -247,23 +411,47 @@ fn a_filtered_run_exports_only_what_it_runs() {
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("config-check-"))
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("config-check-")
+        })
         .collect();
     assert!(!checks.is_empty());
-    let whole: Vec<String> = checks.iter().map(|p| std::fs::read_to_string(p).unwrap()).collect();
+    let whole: Vec<String> = checks
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
     for (p, w) in checks.iter().zip(&whole) {
         std::fs::write(p, &w[..w.len() / 2]).unwrap();
     }
-    let (o, _d) = run_with(&cfg, &["--suite", "ci", "--filter", trial, "--repeats", "0"], &[("GRPO_ARTIFACTS", art.path().to_str().unwrap())]);
-    assert!(o.status.success(), "a cut cached answer must be asked again: {}", stderr(&o));
+    let (o, _d) = run_with(
+        &cfg,
+        &["--suite", "ci", "--filter", trial, "--repeats", "0"],
+        &[("GRPO_ARTIFACTS", art.path().to_str().unwrap())],
+    );
+    assert!(
+        o.status.success(),
+        "a cut cached answer must be asked again: {}",
+        stderr(&o)
+    );
     for (p, w) in checks.iter().zip(&whole) {
         assert_eq!(&std::fs::read_to_string(p).unwrap(), w, "{}", p.display());
     }
-    let leftovers: Vec<_> = std::fs::read_dir(art.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(art.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+        .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     // Listing exports nothing at all.
     let art2 = tempfile::tempdir().unwrap();
-    let (o, _d) = run_with(&cfg, &["--suite", "ci", "--list"], &[("GRPO_ARTIFACTS", art2.path().to_str().unwrap())]);
+    let (o, _d) = run_with(
+        &cfg,
+        &["--suite", "ci", "--list"],
+        &[("GRPO_ARTIFACTS", art2.path().to_str().unwrap())],
+    );
     assert!(o.status.success());
     assert!(String::from_utf8_lossy(&o.stdout).lines().count() > 1000);
     assert_eq!(modules(art2.path()), 0);
@@ -273,10 +461,20 @@ fn a_filtered_run_exports_only_what_it_runs() {
 #[cfg(feature = "pjrt")]
 fn a_wrong_exporter_python_is_one_line_naming_it() {
     let cfg = "backends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu: {implementations: [jax_baseline]}\n";
-    let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[("GRPO_PYTHON", "/bin/true"), ("GRPO_REQUIRE_BACKENDS", "pjrt-cpu")]);
+    let (o, _d) = run_with(
+        cfg,
+        &["--suite", "smoke"],
+        &[
+            ("GRPO_PYTHON", "/bin/true"),
+            ("GRPO_REQUIRE_BACKENDS", "pjrt-cpu"),
+        ],
+    );
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
-    assert!(e.contains("/bin/true is not a Python interpreter") && e.contains("GRPO_PYTHON"), "{e}");
+    assert!(
+        e.contains("/bin/true is not a Python interpreter") && e.contains("GRPO_PYTHON"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -284,41 +482,104 @@ fn golden_check_errors_are_clear() {
     // A garbage golden file is "corrupt", not "missing".
     let dir = tempfile::tempdir().unwrap();
     let id = "logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0/normal1-random-mixed";
-    let g = golden::path(dir.path(), &grpo_conformance::cases::load_dir(&repo_root().join("cases")).unwrap().get(id).unwrap().clone());
+    let g = golden::path(
+        dir.path(),
+        &grpo_conformance::cases::load_dir(&repo_root().join("cases"))
+            .unwrap()
+            .get(id)
+            .unwrap()
+            .clone(),
+    );
     std::fs::create_dir_all(g.parent().unwrap()).unwrap();
     std::fs::write(&g, b"\xff\xfe not json").unwrap();
-    let o = suite(&["golden", "check", "--suite", "smoke", "--dir", dir.path().to_str().unwrap(), "--filter", id]);
+    let o = suite(&[
+        "golden",
+        "check",
+        "--suite",
+        "smoke",
+        "--dir",
+        dir.path().to_str().unwrap(),
+        "--filter",
+        id,
+    ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("corrupt golden file"), "{}", stderr(&o));
     // A --dir typo is one error, not one "missing" per case.
-    let o = suite(&["golden", "check", "--suite", "smoke", "--dir", "/nonexistent/golden"]);
+    let o = suite(&[
+        "golden",
+        "check",
+        "--suite",
+        "smoke",
+        "--dir",
+        "/nonexistent/golden",
+    ]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
-    assert!(e.contains("/nonexistent/golden does not exist") && e.trim().lines().count() == 1, "{e}");
+    assert!(
+        e.contains("/nonexistent/golden does not exist") && e.trim().lines().count() == 1,
+        "{e}"
+    );
     // A filter that matches nothing checks nothing: an error.
-    let o = suite(&["golden", "check", "--suite", "smoke", "--filter", "no-such-case"]);
+    let o = suite(&[
+        "golden",
+        "check",
+        "--suite",
+        "smoke",
+        "--filter",
+        "no-such-case",
+    ]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("nothing would be checked"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("nothing would be checked"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 #[cfg(feature = "pjrt")]
 fn implementation_typos_and_bad_options_are_config_errors() {
     for (entry, want) in [
-        ("jax_baselin", "implementation `jax_baselin`: unknown implementation id 'jax_baselin'"),
-        ("{id: pallas_logits, options: {blockrows: 8}}", "unknown impl_options for pallas_logits: ['blockrows']"),
-        ("{id: pallas_logits, options: {block_rows: 0}}", "impl_options.block_rows must be a positive integer, got 0"),
+        (
+            "jax_baselin",
+            "implementation `jax_baselin`: unknown implementation id 'jax_baselin'",
+        ),
+        (
+            "{id: pallas_logits, options: {blockrows: 8}}",
+            "unknown impl_options for pallas_logits: ['blockrows']",
+        ),
+        (
+            "{id: pallas_logits, options: {block_rows: 0}}",
+            "impl_options.block_rows must be a positive integer, got 0",
+        ),
     ] {
         let cfg = format!("backends:\n  pjrt-cpu: {{implementations: [{entry}]}}\n");
         let (o, _d) = run_with(&cfg, &["--suite", "smoke", "--list"], &[]);
         assert_eq!(o.status.code(), Some(2), "{entry}");
         let e = stderr(&o);
-        assert!(e.contains("c.yaml: backend `pjrt-cpu`") && e.contains(want), "{e}");
+        assert!(
+            e.contains("c.yaml: backend `pjrt-cpu`") && e.contains(want),
+            "{e}"
+        );
         assert_eq!(e.trim().lines().count(), 1, "{e}");
     }
-    let e = stderr(&run_with("backends:\n  reference: {implementations: []}\n", &["--suite", "smoke"], &[]).0);
+    let e = stderr(
+        &run_with(
+            "backends:\n  reference: {implementations: []}\n",
+            &["--suite", "smoke"],
+            &[],
+        )
+        .0,
+    );
     assert!(e.contains("selects no implementation"), "{e}");
-    let e = stderr(&run_with("backends:\n  reference: {implementations: [naive_f64]}\n", &["--suite", "smoke"], &[]).0);
+    let e = stderr(
+        &run_with(
+            "backends:\n  reference: {implementations: [naive_f64]}\n",
+            &["--suite", "smoke"],
+            &[],
+        )
+        .0,
+    );
     assert!(e.contains("no implementation `naive_f64`"), "{e}");
 }
 
@@ -329,11 +590,20 @@ fn reproduce_case_errors_are_one_line() {
         return; // the inputs test above covers the set-up requirement
     }
     let script = repo_root().join("scripts/reproduce_case.py");
-    for (args, want) in [(vec![], "usage: reproduce_case.py DIR"), (vec!["/nonexistent/dir"], "/nonexistent/dir has no case.json")] {
+    for (args, want) in [
+        (vec![], "usage: reproduce_case.py DIR"),
+        (
+            vec!["/nonexistent/dir"],
+            "/nonexistent/dir has no case.json",
+        ),
+    ] {
         let o = Command::new(&py).arg(&script).args(&args).output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{args:?}");
         let e = stderr(&o);
-        assert!(e.contains(want) && e.trim().lines().count() == 1 && !e.contains("Traceback"), "{e}");
+        assert!(
+            e.contains(want) && e.trim().lines().count() == 1 && !e.contains("Traceback"),
+            "{e}"
+        );
     }
 }
 
@@ -341,28 +611,75 @@ fn reproduce_case_errors_are_one_line() {
 fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
     let dir = tempfile::tempdir().unwrap();
     // 64·8192·151936 f32 logits alone are ~318 GB: refused before anything is allocated.
-    std::fs::write(dir.path().join("big.yaml"), "groups:\n  - name: big\n    suites: [smoke]\n    fixed: {b: 64, t: 8192, v: 151936}\n").unwrap();
+    std::fs::write(
+        dir.path().join("big.yaml"),
+        "groups:\n  - name: big\n    suites: [smoke]\n    fixed: {b: 64, t: 8192, v: 151936}\n",
+    )
+    .unwrap();
     let other = tempfile::tempdir().unwrap();
     let cfg = other.path().join("c.yaml");
-    std::fs::write(&cfg, "backends:\n  reference: {implementations: [oracle]}\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "backends:\n  reference: {implementations: [oracle]}\n",
+    )
+    .unwrap();
     let rec = other.path().join("r.jsonl");
     let o = grpo_suite()
-        .args(["--cases", dir.path().to_str().unwrap(), "run", "--suite", "smoke", "--config", cfg.to_str().unwrap(), "--records", rec.to_str().unwrap()])
+        .args([
+            "--cases",
+            dir.path().to_str().unwrap(),
+            "run",
+            "--suite",
+            "smoke",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--records",
+            rec.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let rec = std::fs::read_to_string(&rec).unwrap();
-    assert!(rec.contains("of host memory for its inputs and the oracle, this machine has"), "{rec}");
-    let id = String::from_utf8(suite(&["--cases", dir.path().to_str().unwrap(), "cases", "--suite", "smoke"]).stdout).unwrap();
-    let o = suite(&["--cases", dir.path().to_str().unwrap(), "inputs", id.trim(), "--out", other.path().join("x").to_str().unwrap()]);
+    assert!(
+        rec.contains("of host memory for its inputs and the oracle, this machine has"),
+        "{rec}"
+    );
+    let id = String::from_utf8(
+        suite(&[
+            "--cases",
+            dir.path().to_str().unwrap(),
+            "cases",
+            "--suite",
+            "smoke",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    let o = suite(&[
+        "--cases",
+        dir.path().to_str().unwrap(),
+        "inputs",
+        id.trim(),
+        "--out",
+        other.path().join("x").to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("of host memory"), "{}", stderr(&o));
     // b·t·v that overflows 64-bit byte counts is a case-file error, not a panic.
     std::fs::write(dir.path().join("big.yaml"), "groups:\n  - name: big\n    suites: [smoke]\n    fixed: {b: 4000000000, t: 4000000000, v: 2000000000}\n").unwrap();
-    let o = suite(&["--cases", dir.path().to_str().unwrap(), "cases", "--suite", "smoke"]);
+    let o = suite(&[
+        "--cases",
+        dir.path().to_str().unwrap(),
+        "cases",
+        "--suite",
+        "smoke",
+    ]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
-    assert!(e.contains("overflows 64-bit byte counts") && !e.contains("panicked"), "{e}");
+    assert!(
+        e.contains("overflows 64-bit byte counts") && !e.contains("panicked"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -371,16 +688,37 @@ fn the_repository_is_found_from_the_working_directory() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("cases")).unwrap();
     std::fs::create_dir_all(dir.path().join("configs/sub")).unwrap();
-    std::fs::write(dir.path().join("cases/mine.yaml"), "groups:\n  - name: mine\n    suites: [smoke]\n    fixed: {b: 1, t: 3, v: 77}\n").unwrap();
-    let o = grpo_suite().current_dir(dir.path().join("configs/sub")).env_remove("GRPO_ROOT").args(["cases", "--suite", "smoke"]).output().unwrap();
+    std::fs::write(
+        dir.path().join("cases/mine.yaml"),
+        "groups:\n  - name: mine\n    suites: [smoke]\n    fixed: {b: 1, t: 3, v: 77}\n",
+    )
+    .unwrap();
+    let o = grpo_suite()
+        .current_dir(dir.path().join("configs/sub"))
+        .env_remove("GRPO_ROOT")
+        .args(["cases", "--suite", "smoke"])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "logits/f32/b1_t3_v77/grpo/eps0.2-0.2/beta0/normal1-random-mixed");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "logits/f32/b1_t3_v77/grpo/eps0.2-0.2/beta0/normal1-random-mixed"
+    );
 }
 
 #[test]
 fn environment_paths_that_are_not_files_are_one_line() {
-    for (var, val) in [("GRPO_PJRT_PLUGIN", "/tmp"), ("GRPO_PJRT_PLUGIN", ""), ("GRPO_LIBTPU", "/nonexistent/libtpu.so"), ("GRPO_SUITE", "nightlyy")] {
-        let o = grpo_suite().env(var, val).args(["cases", "--suite", "smoke"]).output().unwrap();
+    for (var, val) in [
+        ("GRPO_PJRT_PLUGIN", "/tmp"),
+        ("GRPO_PJRT_PLUGIN", ""),
+        ("GRPO_LIBTPU", "/nonexistent/libtpu.so"),
+        ("GRPO_SUITE", "nightlyy"),
+    ] {
+        let o = grpo_suite()
+            .env(var, val)
+            .args(["cases", "--suite", "smoke"])
+            .output()
+            .unwrap();
         assert_eq!(o.status.code(), Some(2), "{var}={val}");
         let e = stderr(&o);
         assert!(e.contains(var) && e.trim().lines().count() == 1, "{e}");
@@ -393,8 +731,11 @@ fn golden_update_shows_changes_and_wants_force_without_a_version_bump() {
     // exactly that case, writes nothing on --dry-run, refuses without --force (no version
     // bump explains the change), and writes with it.
     let dir = tempfile::tempdir().unwrap();
-    let ids: Vec<String> =
-        String::from_utf8(suite(&["cases", "--suite", "smoke"]).stdout).unwrap().lines().map(String::from).collect();
+    let ids: Vec<String> = String::from_utf8(suite(&["cases", "--suite", "smoke"]).stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
     let m = grpo_conformance::cases::load_dir(&repo_root().join("cases")).unwrap();
     let mut target = PathBuf::new();
     for (k, id) in ids.iter().enumerate() {
@@ -406,25 +747,47 @@ fn golden_update_shows_changes_and_wants_force_without_a_version_bump() {
         if k == 3 {
             let g: serde_json::Value = serde_json::from_str(&text).unwrap();
             let loss = g["loss"].as_f64().unwrap();
-            text = text.replacen(&format!("\"loss\": {}", g["loss"]), &format!("\"loss\": {}", loss * 1.5 + 1.0), 1);
+            text = text.replacen(
+                &format!("\"loss\": {}", g["loss"]),
+                &format!("\"loss\": {}", loss * 1.5 + 1.0),
+                1,
+            );
             target = to.clone();
         }
         std::fs::write(&to, text).unwrap();
     }
     let before = std::fs::read_to_string(&target).unwrap();
     let d = dir.path().to_str().unwrap();
-    let o = suite(&["golden", "update", "--suite", "smoke", "--dir", d, "--dry-run"]);
+    let o = suite(&[
+        "golden",
+        "update",
+        "--suite",
+        "smoke",
+        "--dir",
+        d,
+        "--dry-run",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains(&format!("{}\n  versions: oracle v2 → v2", ids[3])) && out.contains("loss: stored"), "{out}");
+    assert!(
+        out.contains(&format!("{}\n  versions: oracle v2 → v2", ids[3]))
+            && out.contains("loss: stored"),
+        "{out}"
+    );
     assert!(out.contains(&format!("golden update: {} unchanged, 1 changed, 0 new (1 change values without an oracle or generator version bump)", ids.len() - 1)), "{out}");
     assert!(out.contains("dry run: nothing written"));
     assert_eq!(std::fs::read_to_string(&target).unwrap(), before);
     let o = suite(&["golden", "update", "--suite", "smoke", "--dir", d]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("pass --force if the change is intended"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("pass --force if the change is intended"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(std::fs::read_to_string(&target).unwrap(), before);
-    let o = suite(&["golden", "update", "--suite", "smoke", "--dir", d, "--force"]);
+    let o = suite(&[
+        "golden", "update", "--suite", "smoke", "--dir", d, "--force",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let o = suite(&["golden", "check", "--suite", "smoke", "--dir", d]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -439,10 +802,16 @@ fn trials_are_listed_case_by_case() {
     let names = String::from_utf8(o.stdout).unwrap();
     let mut seen: Vec<String> = Vec::new();
     for n in names.lines().filter(|n| !n.starts_with("should-fail/")) {
-        let case = n.splitn(3, '/').nth(if n.starts_with("golden/") { 1 } else { 2 }).unwrap();
+        let case = n
+            .splitn(3, '/')
+            .nth(if n.starts_with("golden/") { 1 } else { 2 })
+            .unwrap();
         let case = n.strip_prefix("golden/").unwrap_or(case);
         if seen.last().map(String::as_str) != Some(case) {
-            assert!(!seen.iter().any(|s| s == case), "trials of {case} are not contiguous");
+            assert!(
+                !seen.iter().any(|s| s == case),
+                "trials of {case} are not contiguous"
+            );
             seen.push(case.to_string());
         }
     }
@@ -463,35 +832,94 @@ fn a_compile_only_case_runs_on_tpu_aot_only_and_generates_nothing() {
     let cases = dir.path().to_str().unwrap();
     let cfg = "backends:\n  reference: {implementations: [oracle]}\n  tpu-aot: {topologies: [v6e:2x2], implementations: [{id: pallas_fused, name: pallas_fused@256x512, options: {block_tokens: 256, block_v: 512}, max_peak_over_floor: 1.10, peak_slack_bytes: 131072}]}\n";
     let t0 = std::time::Instant::now();
-    let (o, d) = run_with(cfg, &["--cases", cases, "--suite", "smoke", "--repeats", "0"], &[]);
-    assert!(o.status.success(), "{}\n{}", stderr(&o), String::from_utf8_lossy(&o.stdout));
-    assert!(t0.elapsed().as_secs() < 120, "took {:?}: were the big case's inputs generated?", t0.elapsed());
-    let recs: Vec<serde_json::Value> = std::fs::read_to_string(d.path().join("r.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (o, d) = run_with(
+        cfg,
+        &["--cases", cases, "--suite", "smoke", "--repeats", "0"],
+        &[],
+    );
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        stderr(&o),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert_no_libtpu_noise(&stderr(&o));
+    assert!(
+        t0.elapsed().as_secs() < 120,
+        "took {:?}: were the big case's inputs generated?",
+        t0.elapsed()
+    );
+    let recs: Vec<serde_json::Value> = std::fs::read_to_string(d.path().join("r.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let big = |r: &&serde_json::Value| r["case"].as_str().unwrap_or("").contains("h4096");
-    let of = |name: &str| recs.iter().filter(big).find(|r| r["name"].as_str().unwrap().starts_with(name)).unwrap_or_else(|| panic!("no {name} trial"));
+    let of = |name: &str| {
+        recs.iter()
+            .filter(big)
+            .find(|r| r["name"].as_str().unwrap().starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} trial"))
+    };
     assert_eq!(of("reference/oracle")["verdict"], "ignored");
-    assert!(of("reference/oracle")["reason"].as_str().unwrap().contains("compile-only case"));
+    assert!(of("reference/oracle")["reason"]
+        .as_str()
+        .unwrap()
+        .contains("compile-only case"));
     assert_eq!(of("golden/")["verdict"], "ignored");
     let tpu = of("tpu-aot-v6e-2x2/pallas_fused@256x512");
     assert_eq!(tpu["verdict"], "pass", "{tpu}");
-    let (peak, floor) = (tpu["memory"]["peak_bytes"].as_f64().unwrap(), tpu["memory"]["floor_bytes"].as_f64().unwrap());
-    assert!(floor > 2.6e9 && peak <= 1.10 * floor + 131072.0, "peak {peak} floor {floor}");
+    let (peak, floor) = (
+        tpu["memory"]["peak_bytes"].as_f64().unwrap(),
+        tpu["memory"]["floor_bytes"].as_f64().unwrap(),
+    );
+    assert!(
+        floor > 2.6e9 && peak <= 1.10 * floor + 131072.0,
+        "peak {peak} floor {floor}"
+    );
+}
+
+/// A green run loading libtpu prints none of libtpu's start-up warnings (a machine that
+/// is not a TPU VM has no accelerator type or worker hostnames to report).
+#[cfg(feature = "pjrt")]
+fn assert_no_libtpu_noise(e: &str) {
+    for noise in [
+        "TPU_ACCELERATOR_TYPE",
+        "TPU_WORKER_HOSTNAMES",
+        "E0000",
+        "InitGoogle",
+        "Source Location Trace",
+    ] {
+        assert!(!e.contains(noise), "libtpu noise ({noise}) on stderr:\n{e}");
+    }
 }
 
 /// An implementation entry's `cases` glob limits its trials to matching cases; a glob
 /// that matches no case of the matrix is a one-line configuration error.
 #[test]
 fn an_implementation_case_glob_selects_its_cases() {
-    let cfg = "backends:\n  reference: {implementations: [oracle, {id: naive_f32, cases: '*_tau*'}]}\n";
+    let cfg =
+        "backends:\n  reference: {implementations: [oracle, {id: naive_f32, cases: '*_tau*'}]}\n";
     let (o, _d) = run_with(cfg, &["--suite", "ci", "--list"], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
-    let naive: Vec<&str> = out.lines().filter(|l| l.starts_with("reference/naive_f32/")).collect();
-    let oracle = out.lines().filter(|l| l.starts_with("reference/oracle/")).count();
-    assert!(!naive.is_empty() && naive.len() < oracle, "{} naive of {oracle}", naive.len());
+    let naive: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("reference/naive_f32/"))
+        .collect();
+    let oracle = out
+        .lines()
+        .filter(|l| l.starts_with("reference/oracle/"))
+        .count();
+    assert!(
+        !naive.is_empty() && naive.len() < oracle,
+        "{} naive of {oracle}",
+        naive.len()
+    );
     assert!(naive.iter().all(|l| l.contains("_tau")), "{naive:?}");
 
-    let cfg = "backends:\n  reference: {implementations: [oracle, {id: naive_f32, cases: '*_tua*'}]}\n";
+    let cfg =
+        "backends:\n  reference: {implementations: [oracle, {id: naive_f32, cases: '*_tua*'}]}\n";
     let (o, _d) = run_with(cfg, &["--suite", "ci", "--list"], &[]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
@@ -508,33 +936,89 @@ fn sweep_compiles_every_option_set_and_pins_the_best() {
     let dir = tempfile::tempdir().unwrap();
     let (records, best) = (dir.path().join("s.jsonl"), dir.path().join("best.yaml"));
     let o = suite(&[
-        "sweep", "--impl", "pallas_logits", "--shape", "b: 1, t: 256, v: 8192, dtype: bf16", "--space", "block_rows=128,256", "--space", "block_v=1024,2048",
-        "--topology", "v6e:2x2", "--max-peak-over-floor", "1.05", "--records", records.to_str().unwrap(), "--write-config", best.to_str().unwrap(),
+        "sweep",
+        "--impl",
+        "pallas_logits",
+        "--shape",
+        "b: 1, t: 256, v: 8192, dtype: bf16",
+        "--space",
+        "block_rows=128,256",
+        "--space",
+        "block_v=1024,2048",
+        "--topology",
+        "v6e:2x2",
+        "--max-peak-over-floor",
+        "1.05",
+        "--records",
+        records.to_str().unwrap(),
+        "--write-config",
+        best.to_str().unwrap(),
     ]);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(o.status.success(), "{out}\n{}", stderr(&o));
+    assert_no_libtpu_noise(&stderr(&o));
     for set in ["block_rows=128,block_v=1024", "block_rows=256,block_v=2048"] {
         assert!(out.contains(&format!("pallas_logits@{set}")), "{out}");
     }
-    assert!(out.contains("jax_baseline") && out.contains("roofline") && out.contains("best on v6e:2x2: pallas_logits@"), "{out}");
+    assert!(
+        out.contains("jax_baseline")
+            && out.contains("roofline")
+            && out.contains("best on v6e:2x2: pallas_logits@"),
+        "{out}"
+    );
     let lines = std::fs::read_to_string(&records).unwrap();
     assert_eq!(lines.lines().count(), 5, "the baseline and 4 option sets");
-    assert!(lines.lines().all(|l| l.contains("\"kind\":\"sweep\"") && l.contains("\"roofline\"")), "{lines}");
+    assert!(
+        lines
+            .lines()
+            .all(|l| l.contains("\"kind\":\"sweep\"") && l.contains("\"roofline\"")),
+        "{lines}"
+    );
     // The written entry is a configuration entry that loads (under tpu-aot).
     let entry = std::fs::read_to_string(&best).unwrap();
-    let entry_line = entry.lines().find(|l| l.starts_with("- {id: pallas_logits")).expect(&entry);
+    let entry_line = entry
+        .lines()
+        .find(|l| l.starts_with("- {id: pallas_logits"))
+        .expect(&entry);
     let cfg = format!("backends:\n  tpu-aot:\n    topologies: [v6e:2x2]\n    implementations:\n      {entry_line}\n");
-    grpo_conformance::config::Config::parse(&cfg, "best.yaml").unwrap_or_else(|e| panic!("{e:#}\n{cfg}"));
-    assert!(entry_line.contains("max_peak_over_floor: 1.05"), "{entry_line}");
+    grpo_conformance::config::Config::parse(&cfg, "best.yaml")
+        .unwrap_or_else(|e| panic!("{e:#}\n{cfg}"));
+    assert!(
+        entry_line.contains("max_peak_over_floor: 1.05"),
+        "{entry_line}"
+    );
     // Bad input: one line each.
     for (args, want) in [
         (vec!["sweep", "--impl", "pallas_logits"], "--case"),
-        (vec!["sweep", "--impl", "pallas_logits", "--shape", "b: 1, t: 256, v: 8192", "--space", "block_v"], "key=value"),
-        (vec!["sweep", "--impl", "no_such_impl", "--shape", "b: 1, t: 256, v: 8192"], "no implementation `no_such_impl`"),
+        (
+            vec![
+                "sweep",
+                "--impl",
+                "pallas_logits",
+                "--shape",
+                "b: 1, t: 256, v: 8192",
+                "--space",
+                "block_v",
+            ],
+            "key=value",
+        ),
+        (
+            vec![
+                "sweep",
+                "--impl",
+                "no_such_impl",
+                "--shape",
+                "b: 1, t: 256, v: 8192",
+            ],
+            "no implementation `no_such_impl`",
+        ),
     ] {
         let o = suite(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");
         let e = stderr(&o);
-        assert!(e.contains(want) && e.trim().lines().count() == 1 && !e.contains("panicked"), "{args:?}: {e}");
+        assert!(
+            e.contains(want) && e.trim().lines().count() == 1 && !e.contains("panicked"),
+            "{args:?}: {e}"
+        );
     }
 }

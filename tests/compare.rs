@@ -12,7 +12,11 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn suite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_grpo-suite")).env_remove("GRPO_REQUIRE_BACKENDS").args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_grpo-suite"))
+        .env_remove("GRPO_REQUIRE_BACKENDS")
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 /// One run's records: the timed reference trials in a process of their own (libtpu's
@@ -20,7 +24,19 @@ fn suite(args: &[&str]) -> Output {
 /// tpu-aot compiles appended to the same file.
 fn record(path: &Path) {
     for backend in ["reference", "tpu-aot-v6e-2x2"] {
-        let o = suite(&["run", "--suite", "ci", "--backend", backend, "--filter", "b1_t4_v151", "--repeats", "5", "--records", path.to_str().unwrap()]);
+        let o = suite(&[
+            "run",
+            "--suite",
+            "ci",
+            "--backend",
+            backend,
+            "--filter",
+            "b1_t4_v151",
+            "--repeats",
+            "5",
+            "--records",
+            path.to_str().unwrap(),
+        ]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
 }
@@ -28,7 +44,11 @@ fn record(path: &Path) {
 #[test]
 fn compare_flags_exactly_the_injected_regressions() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, b, inj) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"), dir.path().join("inj.jsonl"));
+    let (a, b, inj) = (
+        dir.path().join("a.jsonl"),
+        dir.path().join("b.jsonl"),
+        dir.path().join("inj.jsonl"),
+    );
     record(&a);
     // Two runs of the same code compare clean. Memory and verdicts are deterministic and
     // must match on the first try. Wall time on a shared 2-core VM drifts as a whole for
@@ -39,7 +59,12 @@ fn compare_flags_exactly_the_injected_regressions() {
     loop {
         let _ = std::fs::remove_file(&b);
         record(&b);
-        let o = suite(&["compare", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
+        let o = suite(&[
+            "compare",
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+            "--json",
+        ]);
         let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         let regs = c["regressions"].as_array().unwrap();
         if o.status.code() == Some(0) {
@@ -48,15 +73,21 @@ fn compare_flags_exactly_the_injected_regressions() {
         }
         attempt += 1;
         let only_time = regs.iter().all(|r| r["what"] == "time");
-        assert!(only_time && attempt < 3, "two runs of the same code must compare clean (attempt {attempt}):\n{c:#}");
+        assert!(
+            only_time && attempt < 3,
+            "two runs of the same code must compare clean (attempt {attempt}):\n{c:#}"
+        );
     }
     let o = suite(&["compare", a.to_str().unwrap(), b.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stdout).contains("**Result: no regression.**"));
 
     // Inject into a copy of run A.
-    let mut lines: Vec<serde_json::Value> =
-        std::fs::read_to_string(&a).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let mut lines: Vec<serde_json::Value> = std::fs::read_to_string(&a)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let mut want: Vec<(String, &str)> = Vec::new();
     let mut slowed_and_judged = 0;
     let mut peak_done = false;
@@ -64,7 +95,12 @@ fn compare_flags_exactly_the_injected_regressions() {
     for l in lines.iter_mut() {
         let name = l["name"].as_str().unwrap().to_string();
         if l["implementation"] == "naive_f32" && l["verdict"] == "pass" {
-            let runs: Vec<f64> = l["timing"]["runs_s"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            let runs: Vec<f64> = l["timing"]["runs_s"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
             let slow: Vec<f64> = runs.iter().map(|x| x * 1.2).collect();
             l["timing"]["runs_s"] = serde_json::json!(slow);
             // The rule flags a slowdown beyond max(10%, 3 × MAD): 20% is flagged whenever
@@ -87,26 +123,55 @@ fn compare_flags_exactly_the_injected_regressions() {
     }
     // Every judged naive_f32 trial is 20% slower: the implementation's median ratio is
     // exactly 1.2 with no spread, beyond the 10% floor of the rule.
-    assert!(slowed_and_judged >= 2, "naive_f32 trials must be long enough to be judged");
+    assert!(
+        slowed_and_judged >= 2,
+        "naive_f32 trials must be long enough to be judged"
+    );
     want.push(("reference/naive_f32".to_string(), "time"));
-    std::fs::write(&inj, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
-    let o = suite(&["compare", a.to_str().unwrap(), inj.to_str().unwrap(), "--json"]);
-    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::write(
+        &inj,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let o = suite(&[
+        "compare",
+        a.to_str().unwrap(),
+        inj.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let mut got: Vec<(String, String)> = c["regressions"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| (r["trial"].as_str().unwrap().to_string(), r["what"].as_str().unwrap().to_string()))
+        .map(|r| {
+            (
+                r["trial"].as_str().unwrap().to_string(),
+                r["what"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     got.sort();
-    let mut want: Vec<(String, String)> = want.into_iter().map(|(n, w)| (n, w.to_string())).collect();
+    let mut want: Vec<(String, String)> =
+        want.into_iter().map(|(n, w)| (n, w.to_string())).collect();
     want.sort();
     assert_eq!(got, want);
 
     // Runs of different suites or versions cannot be compared: exit 2, one line.
     let other = dir.path().join("other.jsonl");
-    std::fs::write(&other, std::fs::read_to_string(&a).unwrap().replace("\"suite\":\"ci\"", "\"suite\":\"nightly\"")).unwrap();
+    std::fs::write(
+        &other,
+        std::fs::read_to_string(&a)
+            .unwrap()
+            .replace("\"suite\":\"ci\"", "\"suite\":\"nightly\""),
+    )
+    .unwrap();
     let o = suite(&["compare", a.to_str().unwrap(), other.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("different suites: BASE ci, NEW nightly"));

@@ -35,7 +35,8 @@ fn main() {
     let config_path = Config::path_for(None, suite).unwrap_or_else(|e| fail(e));
     let config = Config::load(&config_path).unwrap_or_else(|e| fail(e));
     let bless = env::bless().unwrap_or_else(|e| fail(e));
-    let mut plan = Plan::build(&matrix, suite, &config, &env::require_backends(), bless).unwrap_or_else(|e| fail(e));
+    let mut plan = Plan::build(&matrix, suite, &config, &env::require_backends(), bless)
+        .unwrap_or_else(|e| fail(e));
     let full_list = plan.names();
     plan.select(&Selection {
         filters: args.filter.iter().cloned().collect(),
@@ -74,7 +75,11 @@ fn main() {
 
     if args.list {
         // Listing prepares nothing: no export, no inputs.
-        trials.extend(plan.trials.iter().map(|t| Trial::test(t.name.clone(), || Ok(()))));
+        trials.extend(
+            plan.trials
+                .iter()
+                .map(|t| Trial::test(t.name.clone(), || Ok(()))),
+        );
         libtest_mimic::run(&args, trials).exit();
     }
 
@@ -83,24 +88,50 @@ fn main() {
         trials.push(Trial::test(format!("{b}/prepare"), move || Err(e.into())));
     }
     let records = {
-        let path = env::records().unwrap_or_else(|e| fail(e)).unwrap_or_else(|| {
-            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-            repo_root().join("target/grpo-records").join(format!("cargo-test-{}-{t}.jsonl", suite.name()))
-        });
-        Arc::new(Mutex::new(RecordWriter::open(&path).unwrap_or_else(|e| fail(e))))
+        let path = env::records()
+            .unwrap_or_else(|e| fail(e))
+            .unwrap_or_else(|| {
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                repo_root()
+                    .join("target/grpo-records")
+                    .join(format!("cargo-test-{}-{t}.jsonl", suite.name()))
+            });
+        Arc::new(Mutex::new(
+            RecordWriter::open(&path).unwrap_or_else(|e| fail(e)),
+        ))
     };
     let cache = Arc::new(CaseCache::default());
     plan.announce(&cache);
     let plan = Arc::new(plan);
-    let opts = RunOptions { warmup: 0, repeats: 0 };
+    let opts = RunOptions {
+        warmup: 0,
+        repeats: 0,
+    };
+    let mut not_applicable = 0;
     for k in 0..plan.trials.len() {
         let t = &plan.trials[k];
-        if let Some(reason) = plan.ignored(t) {
+        let ignored = plan.ignored(t);
+        if ignored
+            .as_deref()
+            .is_some_and(|r| r.contains(grpo_conformance::runner::NOT_APPLICABLE))
+        {
+            // Recorded (as the CLI does) but not a test: the combination does not exist.
+            let o = plan.execute(t, &cache, &opts);
+            records.lock().unwrap().write(suite.name(), &o).ok();
+            not_applicable += 1;
+            continue;
+        }
+        if let Some(reason) = ignored {
             // Still executed (it only records the ignored verdict, frees the case share).
             let (plan, cache, records) = (plan.clone(), cache.clone(), records.clone());
             let o = plan.execute(&plan.trials[k], &cache, &opts);
             records.lock().unwrap().write(suite.name(), &o).ok();
-            trials.push(Trial::ignorable_test(t.name.clone(), move || Ok(Completion::ignored_with(reason))));
+            trials.push(Trial::ignorable_test(t.name.clone(), move || {
+                Ok(Completion::ignored_with(reason))
+            }));
             continue;
         }
         let (plan, cache, records) = (plan.clone(), cache.clone(), records.clone());
@@ -112,13 +143,20 @@ fn main() {
             match &o.verdict {
                 Verdict::Pass => Ok(()),
                 Verdict::ExpectedFail(r) => {
-                    eprintln!("{}: expected failure: {r}\n  {}", o.name, o.failure_text().replace('\n', "\n  "));
+                    eprintln!(
+                        "{}: expected failure: {r}\n  {}",
+                        o.name,
+                        o.failure_text().replace('\n', "\n  ")
+                    );
                     Ok(())
                 }
                 Verdict::Ignored(_) => Ok(()),
                 _ => Err(Failed::from(o.failure_text())),
             }
         }));
+    }
+    if not_applicable > 0 {
+        eprintln!("note: {not_applicable} trials not applicable (an implementation without the case's level): recorded, not listed");
     }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -14,7 +14,15 @@ fn run(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Output, tempfile
     let rec = dir.path().join("r.jsonl");
     let mut c = Command::new(env!("CARGO_BIN_EXE_grpo-suite"));
     c.env_remove("GRPO_REQUIRE_BACKENDS")
-        .args(["run", "--suite", "smoke", "--config", config.to_str().unwrap(), "--records", rec.to_str().unwrap()])
+        .args([
+            "run",
+            "--suite",
+            "smoke",
+            "--config",
+            config.to_str().unwrap(),
+            "--records",
+            rec.to_str().unwrap(),
+        ])
         .args(extra);
     for (k, v) in env {
         c.env(k, v);
@@ -23,11 +31,19 @@ fn run(config: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Output, tempfile
 }
 
 fn records(dir: &tempfile::TempDir) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.path().join("r.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(dir.path().join("r.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn text(o: &Output) -> String {
-    format!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn example() -> std::path::PathBuf {
@@ -40,13 +56,33 @@ fn the_example_runs_green_through_its_config_alone() {
     assert!(o.status.success(), "{}", text(&o));
     let recs = records(&d);
     let passed = |imp: &str, level: &str| {
-        recs.iter().filter(|r| r["implementation"] == imp && r["case"].as_str().unwrap().starts_with(level) && r["verdict"] == "pass").count()
+        recs.iter()
+            .filter(|r| {
+                r["implementation"] == imp
+                    && r["case"].as_str().unwrap().starts_with(level)
+                    && r["verdict"] == "pass"
+            })
+            .count()
     };
-    assert!(passed("ext_lse", "logits/") >= 5, "the full Implementation ran on the logits cases");
-    assert!(passed("ext_ce", "fused/") >= 2, "the adapter-wrapped function ran on the fused cases");
+    assert!(
+        passed("ext_lse", "logits/") >= 5,
+        "the full Implementation ran on the logits cases"
+    );
+    assert!(
+        passed("ext_ce", "fused/") >= 2,
+        "the adapter-wrapped function ran on the fused cases"
+    );
     // The adapter's function has no entropy: reported as not provided, not gated.
-    for r in recs.iter().filter(|r| r["implementation"] == "ext_ce" && r["verdict"] == "pass") {
-        let ent = r["gates"].as_array().unwrap().iter().find(|g| g["output"] == "entropy").unwrap();
+    for r in recs
+        .iter()
+        .filter(|r| r["implementation"] == "ext_ce" && r["verdict"] == "pass")
+    {
+        let ent = r["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["output"] == "entropy")
+            .unwrap();
         assert_eq!(ent["provided"], false, "{ent}");
         assert_eq!(ent["compared"], 0);
         assert!(ent["message"].as_str().unwrap().contains("not provided"));
@@ -58,9 +94,15 @@ fn a_kernel_that_counts_padding_columns_fails_readably() {
     let (o, d) = run(&example().join("wrong.yaml"), &[], &[]);
     assert!(!o.status.success());
     let out = text(&o);
-    assert!(out.contains("FAIL pjrt-cpu/ext_lse_padded_zeros/logits/"), "{out}");
+    assert!(
+        out.contains("FAIL pjrt-cpu/ext_lse_padded_zeros/logits/"),
+        "{out}"
+    );
     assert!(out.contains("per_token_logp: FAIL norm error"), "{out}");
-    let failed = records(&d).iter().filter(|r| r["verdict"] == "fail").count();
+    let failed = records(&d)
+        .iter()
+        .filter(|r| r["verdict"] == "fail")
+        .count();
     assert!(failed >= 5, "{failed} failing trials");
 }
 
@@ -72,8 +114,16 @@ fn a_missing_module_is_one_line() {
     let (o, _d) = run(&cfg, &[], &[]);
     assert_eq!(o.status.code(), Some(2));
     let e = String::from_utf8_lossy(&o.stderr);
-    let line = e.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("{e}"));
-    assert!(line.contains("`mine`") && line.contains("cannot import module 'no_such_pkg.kernels'") && line.contains("c.yaml"), "{line}");
+    let line = e
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("{e}"));
+    assert!(
+        line.contains("`mine`")
+            && line.contains("cannot import module 'no_such_pkg.kernels'")
+            && line.contains("c.yaml"),
+        "{line}"
+    );
     assert!(!e.contains("Traceback") && !e.contains("panicked"), "{e}");
 }
 
@@ -90,8 +140,16 @@ fn a_protocol_mismatch_is_one_line_with_the_fix() {
     let (o, _d) = run(&cfg, &[], &[]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let e = String::from_utf8_lossy(&o.stderr);
-    let line = e.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("{e}"));
-    assert!(line.contains("protocol mismatch") && line.contains("speaks protocol 999") && line.contains("pip install"), "{line}");
+    let line = e
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("{e}"));
+    assert!(
+        line.contains("protocol mismatch")
+            && line.contains("speaks protocol 999")
+            && line.contains("pip install"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -103,13 +161,30 @@ fn an_entry_python_exports_in_its_own_environment() {
     let venv = dir.path().join("venv2");
     let py = repo_root().join(".venv/bin/python");
     let ok = |o: Output| assert!(o.status.success(), "{}", text(&o));
-    ok(Command::new(&py).args(["-m", "venv"]).arg(&venv).output().unwrap());
-    let site = Command::new(&py).args(["-c", "import site; print(site.getsitepackages()[0])"]).output().unwrap();
+    ok(Command::new(&py)
+        .args(["-m", "venv"])
+        .arg(&venv)
+        .output()
+        .unwrap());
+    let site = Command::new(&py)
+        .args(["-c", "import site; print(site.getsitepackages()[0])"])
+        .output()
+        .unwrap();
     let site = String::from_utf8(site.stdout).unwrap().trim().to_string();
     let venv_py = venv.join("bin/python");
-    let own_site = Command::new(&venv_py).args(["-c", "import site; print(site.getsitepackages()[0])"]).output().unwrap();
-    let own_site = String::from_utf8(own_site.stdout).unwrap().trim().to_string();
-    std::fs::write(Path::new(&own_site).join("suite_deps.pth"), format!("{site}\n")).unwrap();
+    let own_site = Command::new(&venv_py)
+        .args(["-c", "import site; print(site.getsitepackages()[0])"])
+        .output()
+        .unwrap();
+    let own_site = String::from_utf8(own_site.stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+    std::fs::write(
+        Path::new(&own_site).join("suite_deps.pth"),
+        format!("{site}\n"),
+    )
+    .unwrap();
     // Without grpo_jax there: one line saying how to install it.
     let cfg = dir.path().join("c.yaml");
     let entry = format!(
@@ -121,17 +196,36 @@ fn an_entry_python_exports_in_its_own_environment() {
     let (o, _d) = run(&cfg, &[], &[]);
     assert_eq!(o.status.code(), Some(2));
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(e.contains("has no grpo_jax package") && e.contains("-m pip install"), "{e}");
+    assert!(
+        e.contains("has no grpo_jax package") && e.contains("-m pip install"),
+        "{e}"
+    );
     ok(Command::new(&venv_py)
-        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+        ])
         .arg(repo_root().join("backends/jax"))
         .output()
         .unwrap());
     let art = dir.path().join("artifacts");
-    let (o, d) = run(&cfg, &["--filter", "fused/"], &[("GRPO_ARTIFACTS", art.to_str().unwrap())]);
+    let (o, d) = run(
+        &cfg,
+        &["--filter", "fused/"],
+        &[("GRPO_ARTIFACTS", art.to_str().unwrap())],
+    );
     assert!(o.status.success(), "{}", text(&o));
     let recs = records(&d);
-    assert!(recs.iter().filter(|r| r["implementation"] == "ext_ce" && r["verdict"] == "pass").count() >= 2);
+    assert!(
+        recs.iter()
+            .filter(|r| r["implementation"] == "ext_ce" && r["verdict"] == "pass")
+            .count()
+            >= 2
+    );
     // The modules were exported by the second environment (its grpo_jax, in its site-packages).
     let manifests: Vec<String> = std::fs::read_dir(&art)
         .unwrap()
@@ -142,6 +236,10 @@ fn an_entry_python_exports_in_its_own_environment() {
     for m in &manifests {
         let v: serde_json::Value = serde_json::from_str(m).unwrap();
         assert_eq!(v["impl"], "ext_grpo.ce:IMPLEMENTATION");
-        assert!(v["exporter_python"].as_str().unwrap().contains("venv2"), "{}", v["exporter_python"]);
+        assert!(
+            v["exporter_python"].as_str().unwrap().contains("venv2"),
+            "{}",
+            v["exporter_python"]
+        );
     }
 }

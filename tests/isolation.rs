@@ -31,7 +31,12 @@ fn build_fake_plugin(dir: &Path) -> PathBuf {
     let src = dir.join("fake.c");
     std::fs::write(&src, FAKE_PLUGIN).unwrap();
     let so = dir.join("fake_pjrt.so");
-    let o = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&src).output().expect("a C compiler (cc)");
+    let o = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .output()
+        .expect("a C compiler (cc)");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     so
 }
@@ -57,7 +62,11 @@ fn run(dir: &Path, so: &Path, extra: &[&str]) -> Output {
 }
 
 fn records(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 #[test]
@@ -66,11 +75,22 @@ fn a_crash_and_a_hang_are_contained_and_recorded() {
     let so = build_fake_plugin(dir.path());
     let rec = dir.path().join("r.jsonl");
     let o = run(dir.path(), &so, &["--records", rec.to_str().unwrap()]);
-    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert_eq!(o.status.code(), Some(2), "the run must fail (errors), not crash\n{out}\n{err}");
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "the run must fail (errors), not crash\n{out}\n{err}"
+    );
     let lines = records(&rec);
     let smoke = String::from_utf8(
-        Command::new(env!("CARGO_BIN_EXE_grpo-suite")).args(["cases", "--suite", "smoke"]).output().unwrap().stdout,
+        Command::new(env!("CARGO_BIN_EXE_grpo-suite"))
+            .args(["cases", "--suite", "smoke"])
+            .output()
+            .unwrap()
+            .stdout,
     )
     .unwrap()
     .lines()
@@ -81,18 +101,42 @@ fn a_crash_and_a_hang_are_contained_and_recorded() {
     names.sort();
     names.dedup();
     assert_eq!(names.len(), 3 * smoke);
-    let pjrt: Vec<&serde_json::Value> = lines.iter().filter(|l| l["backend"] == "pjrt-cpu").collect();
+    let pjrt: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["backend"] == "pjrt-cpu")
+        .collect();
     let reason = |l: &serde_json::Value| l["reason"].as_str().unwrap_or("").to_string();
     assert!(pjrt.iter().all(|l| l["verdict"] == "error"), "{pjrt:?}");
-    let crashed: Vec<_> = pjrt.iter().filter(|l| reason(l).contains("SIGABRT")).collect();
-    let hung: Vec<_> = pjrt.iter().filter(|l| reason(l).contains("timed out after 3 s")).collect();
+    let crashed: Vec<_> = pjrt
+        .iter()
+        .filter(|l| reason(l).contains("SIGABRT"))
+        .collect();
+    let hung: Vec<_> = pjrt
+        .iter()
+        .filter(|l| reason(l).contains("timed out after 3 s"))
+        .collect();
     assert_eq!(crashed.len(), 1, "{pjrt:?}");
-    assert!(reason(crashed[0]).contains("fake plugin: aborting on purpose"), "the worker's last stderr lines: {}", reason(crashed[0]));
+    assert!(
+        reason(crashed[0]).contains("fake plugin: aborting on purpose"),
+        "the worker's last stderr lines: {}",
+        reason(crashed[0])
+    );
     assert_eq!(hung.len(), 1, "{pjrt:?}");
-    assert!(pjrt.iter().filter(|l| reason(l).contains("GetPjrtApi returned null")).count() == smoke - 2);
+    assert!(
+        pjrt.iter()
+            .filter(|l| reason(l).contains("GetPjrtApi returned null"))
+            .count()
+            == smoke - 2
+    );
     // The reference trials and golden checks all ran and passed.
-    assert!(lines.iter().filter(|l| l["backend"] != "pjrt-cpu").all(|l| l["verdict"] == "pass"));
-    assert!(out.contains(&format!("{} passed, 0 failed, {smoke} errors", 2 * smoke)), "{out}");
+    assert!(lines
+        .iter()
+        .filter(|l| l["backend"] != "pjrt-cpu")
+        .all(|l| l["verdict"] == "pass"));
+    assert!(
+        out.contains(&format!("{} passed, 0 failed, {smoke} errors", 2 * smoke)),
+        "{out}"
+    );
 }
 
 #[test]
@@ -101,19 +145,38 @@ fn resume_skips_recorded_trials_and_tolerates_a_cut_last_line() {
     let so = build_fake_plugin(dir.path());
     // Only the reference backend's trials: a quick, green run.
     let rec = dir.path().join("r.jsonl");
-    let o = run(dir.path(), &so, &["--records", rec.to_str().unwrap(), "--backend", "reference"]);
+    let o = run(
+        dir.path(),
+        &so,
+        &["--records", rec.to_str().unwrap(), "--backend", "reference"],
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let full = std::fs::read_to_string(&rec).unwrap();
     let n = full.lines().count();
     // Keep the first two lines and half of the third, as a crash while writing would.
     let lines: Vec<&str> = full.lines().collect();
-    let cut = format!("{}\n{}\n{}", lines[0], lines[1], &lines[2][..lines[2].len() / 2]);
+    let cut = format!(
+        "{}\n{}\n{}",
+        lines[0],
+        lines[1],
+        &lines[2][..lines[2].len() / 2]
+    );
     std::fs::write(&rec, cut).unwrap();
-    let o = run(dir.path(), &so, &["--resume", rec.to_str().unwrap(), "--backend", "reference"]);
+    let o = run(
+        dir.path(),
+        &so,
+        &["--resume", rec.to_str().unwrap(), "--backend", "reference"],
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains(":3: the last record line is cut short"), "{err}");
-    assert!(err.contains(&format!("resuming: 2 of {n} trials already recorded")), "{err}");
+    assert!(
+        err.contains(":3: the last record line is cut short"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("resuming: 2 of {n} trials already recorded")),
+        "{err}"
+    );
     let after = records(&rec);
     assert_eq!(after.len(), n, "each trial recorded once after the resume");
     let out = String::from_utf8_lossy(&o.stdout);

@@ -67,7 +67,9 @@ fn fd(c: &Case, inp: &Inputs, get: impl Fn(&mut Inputs) -> &mut f32) -> f64 {
 #[rstest]
 #[case::grpo_token("b: 2, t: 3, v: 7, beta: 0.04")]
 #[case::grpo_tau("b: 2, t: 3, v: 7, temperature: 0.6, beta: 0.1")]
-#[case::bnpo_seq("b: 2, t: 4, v: 5, loss_type: bnpo, importance_sampling_level: sequence, beta: 0.04")]
+#[case::bnpo_seq(
+    "b: 2, t: 4, v: 5, loss_type: bnpo, importance_sampling_level: sequence, beta: 0.04"
+)]
 #[case::dr_grpo_delta("b: 3, t: 2, v: 6, loss_type: dr_grpo, delta: 1.4, max_completion_length: 5")]
 #[case::grpo_seq_mask("b: 2, t: 5, v: 4, importance_sampling_level: sequence, mask: left_pad")]
 #[case::extreme("b: 2, t: 3, v: 5, profile: extreme_ratio, delta: 3.0, beta: 0.04")]
@@ -83,7 +85,12 @@ fn logits_gradient_matches_finite_differences(#[case] fixed: &str) {
             continue; // at a branch edge the loss has a kink
         }
         let num = fd(&c, &inp, |p| &mut p.logits[i]);
-        assert!((num - d[i]).abs() <= 1e-5 * scale, "{}: dlogits[{i}] analytic {} vs numeric {num}", c.id, d[i]);
+        assert!(
+            (num - d[i]).abs() <= 1e-5 * scale,
+            "{}: dlogits[{i}] analytic {} vs numeric {num}",
+            c.id,
+            d[i]
+        );
         checked += 1;
     }
     assert!(checked > d.len() / 2);
@@ -91,20 +98,35 @@ fn logits_gradient_matches_finite_differences(#[case] fixed: &str) {
 
 #[rstest]
 #[case::f32("b: 2, t: 3, v: 9, h: 4, level: fused, beta: 0.04")]
-#[case::seq_tau("b: 2, t: 3, v: 9, h: 5, level: fused, temperature: 0.8, importance_sampling_level: sequence")]
+#[case::seq_tau(
+    "b: 2, t: 3, v: 9, h: 5, level: fused, temperature: 0.8, importance_sampling_level: sequence"
+)]
 fn fused_gradients_match_finite_differences(#[case] fixed: &str) {
     let c = case(fixed);
     let inp = Inputs::generate(&c);
     let o = Oracle::new(&c, &inp);
     let g = o.fused_grads(&c, &inp);
-    let scale = g.dhidden.iter().chain(&g.dlm_head).fold(0f64, |a, x| a.max(x.abs())).max(1e-3);
+    let scale = g
+        .dhidden
+        .iter()
+        .chain(&g.dlm_head)
+        .fold(0f64, |a, x| a.max(x.abs()))
+        .max(1e-3);
     for i in 0..g.dhidden.len() {
         let num = fd(&c, &inp, |p| &mut p.hidden[i]);
-        assert!((num - g.dhidden[i]).abs() <= 1e-5 * scale, "dhidden[{i}] {} vs {num}", g.dhidden[i]);
+        assert!(
+            (num - g.dhidden[i]).abs() <= 1e-5 * scale,
+            "dhidden[{i}] {} vs {num}",
+            g.dhidden[i]
+        );
     }
     for i in 0..g.dlm_head.len() {
         let num = fd(&c, &inp, |p| &mut p.lm_head[i]);
-        assert!((num - g.dlm_head[i]).abs() <= 1e-5 * scale, "dlm_head[{i}] {} vs {num}", g.dlm_head[i]);
+        assert!(
+            (num - g.dlm_head[i]).abs() <= 1e-5 * scale,
+            "dlm_head[{i}] {} vs {num}",
+            g.dlm_head[i]
+        );
     }
 }
 
@@ -122,25 +144,38 @@ fn gradient_rows_sum_to_zero_and_masked_rows_are_zero() {
         let c_abs = (o.g[r] / c.knobs.temperature).abs();
         assert!(sum.abs() <= 1e-12 * c_abs, "row {r} sums to {sum}");
         if inp.mask[r] == 0.0 {
-            assert!(row.iter().all(|&x| x == 0.0), "masked row {r} has a gradient");
+            assert!(
+                row.iter().all(|&x| x == 0.0),
+                "masked row {r} has a gradient"
+            );
         }
     }
-    assert!((0..c.shape.t).all(|t| inp.mask[t] == 0.0), "zero_row masks sequence 0");
+    assert!(
+        (0..c.shape.t).all(|t| inp.mask[t] == 0.0),
+        "zero_row masks sequence 0"
+    );
 }
 
 #[test]
 fn masked_tokens_do_not_matter_whatever_their_inputs() {
-    for fixed in ["b: 2, t: 8, v: 33, beta: 0.04", "b: 2, t: 8, v: 33, beta: 0.04, importance_sampling_level: sequence, loss_type: bnpo"] {
+    for fixed in [
+        "b: 2, t: 8, v: 33, beta: 0.04",
+        "b: 2, t: 8, v: 33, beta: 0.04, importance_sampling_level: sequence, loss_type: bnpo",
+    ] {
         let c = case(fixed);
         let inp = Inputs::generate(&c);
         let o = Oracle::new(&c, &inp);
         let mut wild = inp.clone();
-        let masked: Vec<usize> = (0..c.shape.rows()).filter(|&i| inp.mask[i] == 0.0).collect();
+        let masked: Vec<usize> = (0..c.shape.rows())
+            .filter(|&i| inp.mask[i] == 0.0)
+            .collect();
         assert!(!masked.is_empty());
         for &i in &masked {
             wild.old_logp[i] = -80.0;
             wild.ref_logp[i] = 40.0;
-            wild.logits[i * 33..(i + 1) * 33].iter_mut().for_each(|x| *x = 50.0);
+            wild.logits[i * 33..(i + 1) * 33]
+                .iter_mut()
+                .for_each(|x| *x = 50.0);
         }
         let o2 = Oracle::new(&c, &wild);
         assert_eq!(o.loss, o2.loss, "{}", c.id);
@@ -162,9 +197,18 @@ fn chunk_size_does_not_change_the_forward_pass() {
     for chunk in [1, 7, 128, 2048, 5000] {
         let s = oracle::forward(&c, &inp, chunk);
         for r in 0..c.shape.rows() {
-            assert!((s.lse[r] - base.lse[r]).abs() <= 1e-12 * base.lse[r].abs(), "lse chunk {chunk}");
-            assert!((s.logp[r] - base.logp[r]).abs() <= 1e-11, "logp chunk {chunk}");
-            assert!((s.entropy[r] - base.entropy[r]).abs() <= 1e-11, "entropy chunk {chunk}");
+            assert!(
+                (s.lse[r] - base.lse[r]).abs() <= 1e-12 * base.lse[r].abs(),
+                "lse chunk {chunk}"
+            );
+            assert!(
+                (s.logp[r] - base.logp[r]).abs() <= 1e-11,
+                "logp chunk {chunk}"
+            );
+            assert!(
+                (s.entropy[r] - base.entropy[r]).abs() <= 1e-11,
+                "entropy chunk {chunk}"
+            );
         }
     }
 }
@@ -191,14 +235,19 @@ fn regression_two_token_vocabulary_by_hand() {
     assert!((r - 1.0).abs() < 1e-6);
     assert!((o.loss + r).abs() < 1e-15, "loss {} vs {}", o.loss, -r);
     let d = dlogits(&c, &inp, &o);
-    assert!((d[0] - r * (1.0 - p1)).abs() < 1e-15 && (d[1] + r * (1.0 - p1)).abs() < 1e-15, "{d:?}");
+    assert!(
+        (d[0] - r * (1.0 - p1)).abs() < 1e-15 && (d[1] + r * (1.0 - p1)).abs() < 1e-15,
+        "{d:?}"
+    );
     assert!((d[0] - 0.25).abs() < 1e-6);
 }
 
 #[test]
 fn regression_all_masked_batch_is_exactly_zero() {
     for lt in ["grpo", "bnpo", "dr_grpo"] {
-        let c = case(&format!("b: 1, t: 8, v: 33, mask: zero_row, beta: 0.04, loss_type: {lt}"));
+        let c = case(&format!(
+            "b: 1, t: 8, v: 33, mask: zero_row, beta: 0.04, loss_type: {lt}"
+        ));
         let inp = Inputs::generate(&c);
         let o = Oracle::new(&c, &inp);
         assert_eq!(o.loss, 0.0);
@@ -221,11 +270,18 @@ fn regression_ratio_edges_are_marked_ambiguous_only_at_the_edges() {
     // A > 0: only the upper clip edge switches the branch (above it min picks r_c).
     // A < 0: the lower clip edge and δ switch it (below lo min picks r_c, above δ the cap).
     for (adv, edges) in [("positive", vec![1]), ("negative", vec![0, 2])] {
-        let c = case(&format!("b: 2, t: 14, v: 33, profile: ratio_edges, delta: 1.5, mask: all, advantages: {adv}"));
+        let c = case(&format!(
+            "b: 2, t: 14, v: 33, profile: ratio_edges, delta: 1.5, mask: all, advantages: {adv}"
+        ));
         let inp = Inputs::generate(&c);
         let o = Oracle::new(&c, &inp);
         for i in 0..c.shape.rows() {
-            assert_eq!(o.g_alt[i].is_some(), edges.contains(&(i % 7)), "{adv}: token {i} (target {})", i % 7);
+            assert_eq!(
+                o.g_alt[i].is_some(),
+                edges.contains(&(i % 7)),
+                "{adv}: token {i} (target {})",
+                i % 7
+            );
         }
         if adv == "positive" {
             // Just above 1+ε_high with A > 0 is clipped (no gradient), just below is not.
@@ -241,7 +297,10 @@ fn regression_ratio_edges_are_marked_ambiguous_only_at_the_edges() {
 
 /// How many random cases the property test runs: `PROPTEST_CASES` if set, else 48.
 fn proptest_cases() -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(48)
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(48)
 }
 
 proptest! {
@@ -308,12 +367,20 @@ proptest! {
 #[case::spike("b: 2, t: 33, v: 2100, profile: spike, beta: 0.04")]
 #[case::large_tau("b: 2, t: 17, v: 4100, profile: large, temperature: 0.7, beta: 0.1")]
 #[case::zeros_masked("b: 3, t: 5, v: 300, profile: zeros, mask: zero_row, beta: 0.04")]
-#[case::extreme_bnpo("b: 2, t: 9, v: 2049, profile: extreme_ratio, delta: 3.0, beta: 0.04, loss_type: bnpo")]
+#[case::extreme_bnpo(
+    "b: 2, t: 9, v: 2049, profile: extreme_ratio, delta: 3.0, beta: 0.04, loss_type: bnpo"
+)]
 #[case::dr_grpo_delta("b: 2, t: 9, v: 5000, loss_type: dr_grpo, max_completion_length: 12, temperature: 1.3, delta: 1.5, mask: left_pad")]
 #[case::bf16("b: 2, t: 8, v: 3001, dtype: bf16, beta: 0.04, temperature: 0.9")]
-#[case::ratio_edges("b: 2, t: 14, v: 33, profile: ratio_edges, delta: 1.5, mask: all, advantages: negative")]
-#[case::normal5_right_pad("b: 3, t: 7, v: 151, profile: normal5, mask: right_pad, beta: 0.5, temperature: 1.7")]
-#[case::sequence_fallback("b: 2, t: 6, v: 700, importance_sampling_level: sequence, beta: 0.04, loss_type: bnpo")]
+#[case::ratio_edges(
+    "b: 2, t: 14, v: 33, profile: ratio_edges, delta: 1.5, mask: all, advantages: negative"
+)]
+#[case::normal5_right_pad(
+    "b: 3, t: 7, v: 151, profile: normal5, mask: right_pad, beta: 0.5, temperature: 1.7"
+)]
+#[case::sequence_fallback(
+    "b: 2, t: 6, v: 700, importance_sampling_level: sequence, beta: 0.04, loss_type: bnpo"
+)]
 #[case::fused_level("b: 2, t: 3, v: 9, h: 4, level: fused, beta: 0.04")]
 fn fused_forward_backward_matches_the_two_pass_oracle(#[case] fixed: &str) {
     let c = case(fixed);
@@ -337,7 +404,11 @@ fn fused_forward_backward_matches_the_two_pass_oracle(#[case] fixed: &str) {
         ("logp", o.per_token_logp(), two.per_token_logp()),
         ("entropy", o.entropy(), two.entropy()),
         ("lse", &o.stats.lse[..], &two.stats.lse[..]),
-        ("per_token_loss", &o.per_token_loss[..], &two.per_token_loss[..]),
+        (
+            "per_token_loss",
+            &o.per_token_loss[..],
+            &two.per_token_loss[..],
+        ),
         ("kl", &o.kl[..], &two.kl[..]),
         ("g", &o.g[..], &two.g[..]),
         ("weight", &o.weight[..], &two.weight[..]),
@@ -382,7 +453,12 @@ fn fused_forward_backward_matches_the_two_pass_oracle(#[case] fixed: &str) {
         assert_eq!(o2.loss.to_bits(), two.loss.to_bits());
         assert_eq!(bits(&o2.g), bits(&two.g));
         for (i, (&a, &b)) in buf.iter().zip(&fused_rows).enumerate() {
-            assert_eq!(a.to_bits(), c.dtype.round(b as f32).to_bits(), "{}: element {i}", c.id);
+            assert_eq!(
+                a.to_bits(),
+                c.dtype.round(b as f32).to_bits(),
+                "{}: element {i}",
+                c.id
+            );
         }
     }
 }

@@ -21,18 +21,43 @@ fn case(fixed: &str) -> Case {
 
 fn backend() -> PjrtCpu {
     let cfg = Config::load_default().unwrap();
-    PjrtCpu::new(cfg.backends.pjrt_cpu.as_ref().expect("configs/default.yaml has pjrt-cpu")).unwrap_or_else(|e| panic!("pjrt-cpu must be available (run scripts/setup.sh): {e:#}"))
+    PjrtCpu::new(
+        cfg.backends
+            .pjrt_cpu
+            .as_ref()
+            .expect("configs/default.yaml has pjrt-cpu"),
+    )
+    .unwrap_or_else(|e| panic!("pjrt-cpu must be available (run scripts/setup.sh): {e:#}"))
 }
 
 /// Runs `jax_baseline` exported for `run_as`, judged against `truth`.
 fn judge(truth: &Case, run_as: &Case) -> Vec<GateReport> {
     let inputs = Inputs::generate(truth);
     let oracle = Oracle::new(truth, &inputs);
-    let res = backend().run_exported_as("jax_baseline", run_as, truth, &inputs, &RunOptions { warmup: 0, repeats: 1 }).unwrap();
+    let res = backend()
+        .run_exported_as(
+            "jax_baseline",
+            run_as,
+            truth,
+            &inputs,
+            &RunOptions {
+                warmup: 0,
+                repeats: 1,
+            },
+        )
+        .unwrap();
     let t = res.timing.expect("pjrt-cpu reports timing");
     assert!(t.compile_s.is_some() && t.runs_s.len() == 1);
-    assert!(res.memory.and_then(|m| m.argument_bytes).unwrap_or(0) > 0, "compiled memory stats");
-    gates::judge(truth, &inputs, &oracle, res.outputs.as_ref().expect("pjrt-cpu returns outputs"))
+    assert!(
+        res.memory.and_then(|m| m.argument_bytes).unwrap_or(0) > 0,
+        "compiled memory stats"
+    );
+    gates::judge(
+        truth,
+        &inputs,
+        &oracle,
+        res.outputs.as_ref().expect("pjrt-cpu returns outputs"),
+    )
 }
 
 fn failed(r: &[GateReport]) -> Vec<OutputName> {
@@ -54,12 +79,18 @@ fn baseline_passes_with_the_right_knobs() {
 #[case::clip(|k: &mut Knobs| k.epsilon_high = 0.2, &[OutputName::Clipped, OutputName::PerTokenLoss])]
 #[case::loss_type(|k: &mut Knobs| k.loss_type = LossType::Bnpo, &[OutputName::Loss, OutputName::Dlogits])]
 #[case::beta(|k: &mut Knobs| k.beta = 0.4, &[OutputName::PerTokenLoss])]
-fn a_wrong_knob_fails_the_outputs_it_drives(#[case] change: fn(&mut Knobs), #[case] must_fail: &[OutputName]) {
+fn a_wrong_knob_fails_the_outputs_it_drives(
+    #[case] change: fn(&mut Knobs),
+    #[case] must_fail: &[OutputName],
+) {
     let c = case(BASE);
     let mut wrong = c.clone();
     change(&mut wrong.knobs);
     let f = failed(&judge(&c, &wrong));
-    assert!(must_fail.iter().all(|o| f.contains(o)), "failed {f:?}, expected at least {must_fail:?}");
+    assert!(
+        must_fail.iter().all(|o| f.contains(o)),
+        "failed {f:?}, expected at least {must_fail:?}"
+    );
 }
 
 #[test]
@@ -72,11 +103,19 @@ fn unsupported_or_unknown_implementation_is_a_reason_not_a_pass() {
 
 #[test]
 fn missing_plugin_is_one_clear_line() {
-    let mut cfg = Config::load_default().unwrap().backends.pjrt_cpu.clone().unwrap();
+    let mut cfg = Config::load_default()
+        .unwrap()
+        .backends
+        .pjrt_cpu
+        .clone()
+        .unwrap();
     cfg.plugin = Some("/nonexistent/plugin.so".into());
     if std::env::var_os(grpo_pjrt::PLUGIN_ENV).is_some() {
         return; // the environment overrides the config on purpose
     }
     let e = format!("{:#}", PjrtCpu::new(&cfg).err().expect("must fail"));
-    assert!(e.contains("/nonexistent/plugin.so") && e.contains("scripts/setup.sh") && !e.contains('\n'), "{e}");
+    assert!(
+        e.contains("/nonexistent/plugin.so") && e.contains("scripts/setup.sh") && !e.contains('\n'),
+        "{e}"
+    );
 }

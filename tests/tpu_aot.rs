@@ -13,10 +13,13 @@ use grpo_conformance::runner::{run_trial, Verdict};
 
 fn backend(topology: &str, implementations: &str) -> TpuAot {
     prepare_environment();
-    let cfg: TpuAotConfig =
-        serde_yaml_ng::from_str(&format!("topologies: [{topology}]\nimplementations: {implementations}\n")).unwrap();
+    let cfg: TpuAotConfig = serde_yaml_ng::from_str(&format!(
+        "topologies: [{topology}]\nimplementations: {implementations}\n"
+    ))
+    .unwrap();
     cfg.validate("test").unwrap();
-    TpuAot::new(&cfg, topology).unwrap_or_else(|e| panic!("tpu-aot must be available (run scripts/setup.sh): {e:#}"))
+    TpuAot::new(&cfg, topology)
+        .unwrap_or_else(|e| panic!("tpu-aot must be available (run scripts/setup.sh): {e:#}"))
 }
 
 /// A logits-level case big enough that a copy of the logits dominates fixed overheads.
@@ -31,7 +34,10 @@ fn a_memory_hungry_implementation_fails_its_budget_and_a_streaming_kernel_passes
         "[{id: jax_baseline, max_peak_over_floor: 1.05}, {id: pallas_logits, name: p, options: {block_rows: 128, block_v: 2048}, max_peak_over_floor: 1.05}]",
     );
     let c = case();
-    let opts = RunOptions { warmup: 0, repeats: 0 };
+    let opts = RunOptions {
+        warmup: 0,
+        repeats: 0,
+    };
     b.prepare(&[("jax_baseline", &c), ("p", &c)]).unwrap();
 
     let hungry = run_trial(&b, "jax_baseline", &c, None, &opts);
@@ -39,11 +45,21 @@ fn a_memory_hungry_implementation_fails_its_budget_and_a_streaming_kernel_passes
     let budget = hungry.budget.as_ref().unwrap();
     // One extra f32 [B,T,V] copy over a floor of two (logits in, dlogits out) = 1.5×.
     assert!(budget.ratio > 1.4 && !budget.passed, "{budget:?}");
-    assert!(budget.message.contains("OVER BUDGET") && budget.message.contains("libtpu"), "{}", budget.message);
+    assert!(
+        budget.message.contains("OVER BUDGET") && budget.message.contains("libtpu"),
+        "{}",
+        budget.message
+    );
     let m = hungry.memory.as_ref().unwrap();
-    assert_eq!(m.floor_bytes, Some(m.argument_bytes.unwrap() + m.output_bytes.unwrap() - m.alias_bytes.unwrap()));
+    assert_eq!(
+        m.floor_bytes,
+        Some(m.argument_bytes.unwrap() + m.output_bytes.unwrap() - m.alias_bytes.unwrap())
+    );
     assert!(hungry.timing.as_ref().unwrap().compile_s.unwrap() > 0.0);
-    assert!(hungry.gates.is_empty(), "a compile-only trial judges no outputs");
+    assert!(
+        hungry.gates.is_empty(),
+        "a compile-only trial judges no outputs"
+    );
 
     let lean = run_trial(&b, "p", &c, None, &opts);
     assert_eq!(lean.verdict, Verdict::Pass, "{}", lean.failure_text());
@@ -57,7 +73,16 @@ fn an_unknown_topology_fails_the_trial_naming_it() {
     let b = backend("v6e:3x7", "[jax_baseline]");
     let c = case();
     b.prepare(&[("jax_baseline", &c)]).unwrap();
-    let o = run_trial(&b, "jax_baseline", &c, None, &RunOptions { warmup: 0, repeats: 0 });
+    let o = run_trial(
+        &b,
+        "jax_baseline",
+        &c,
+        None,
+        &RunOptions {
+            warmup: 0,
+            repeats: 0,
+        },
+    );
     match &o.verdict {
         Verdict::Error(e) => assert!(e.contains("v6e:3x7"), "{e}"),
         v => panic!("expected an error, got {v:?}"),
@@ -66,7 +91,10 @@ fn an_unknown_topology_fails_the_trial_naming_it() {
 
 #[test]
 fn unsupported_is_a_reason_not_a_pass() {
-    let b = backend("v6e:2x2", "[{id: pallas_logits, name: p, options: {block_rows: 128, block_v: 100}}]");
+    let b = backend(
+        "v6e:2x2",
+        "[{id: pallas_logits, name: p, options: {block_rows: 128, block_v: 100}}]",
+    );
     let c = parse_fixed("b: 2, t: 8, v: 2049, dtype: f32").unwrap();
     b.prepare(&[("p", &c)]).unwrap();
     let e = b.supports("p", &c).unwrap_err();
@@ -85,9 +113,21 @@ fn the_vmem_estimate_gates_blocks_and_vmem_limit_bytes_raises_it() {
     );
     b.prepare(&[("small", &c), ("raised", &c)]).unwrap();
     let e = b.supports("small", &c).unwrap_err();
-    assert!(e.contains("estimated VMEM working set") && e.contains("16777216 B budget"), "{e}");
+    assert!(
+        e.contains("estimated VMEM working set") && e.contains("16777216 B budget"),
+        "{e}"
+    );
     b.supports("raised", &c).unwrap();
-    let o = run_trial(&b, "raised", &c, None, &RunOptions { warmup: 0, repeats: 0 });
+    let o = run_trial(
+        &b,
+        "raised",
+        &c,
+        None,
+        &RunOptions {
+            warmup: 0,
+            repeats: 0,
+        },
+    );
     assert_eq!(o.verdict, Verdict::Pass, "{}", o.failure_text());
 }
 
@@ -105,15 +145,31 @@ fn a_kernel_declaring_half_its_bytes_fails_with_both_numbers() {
     );
     let c = case();
     b.prepare(&[("honest", &c), ("half", &c)]).unwrap();
-    let opts = RunOptions { warmup: 0, repeats: 0 };
+    let opts = RunOptions {
+        warmup: 0,
+        repeats: 0,
+    };
     let honest = run_trial(&b, "honest", &c, None, &opts);
     assert_eq!(honest.verdict, Verdict::Pass, "{}", honest.failure_text());
     let d = honest.derived.as_ref().expect("a derived cost");
-    assert!(d.kernels.iter().any(|k| k.name == "grpo_logp_fwd" && k.declared.is_some() && k.mismatch.is_none()), "{:?}", d.kernels);
+    assert!(
+        d.kernels
+            .iter()
+            .any(|k| k.name == "grpo_logp_fwd" && k.declared.is_some() && k.mismatch.is_none()),
+        "{:?}",
+        d.kernels
+    );
     let half = run_trial(&b, "half", &c, None, &opts);
     assert_eq!(half.verdict, Verdict::Fail, "{}", half.failure_text());
     let text = half.failure_text();
-    assert!(text.contains("grpo_logp_fwd") && text.contains("bytes_accessed") && text.contains("declared") && text.contains("derived") && text.contains("-50%"), "{text}");
+    assert!(
+        text.contains("grpo_logp_fwd")
+            && text.contains("bytes_accessed")
+            && text.contains("declared")
+            && text.contains("derived")
+            && text.contains("-50%"),
+        "{text}"
+    );
     // The derived figures do not depend on the declaration.
     assert_eq!(half.derived.as_ref().unwrap().work, d.work);
 }
@@ -124,61 +180,132 @@ fn a_kernel_declaring_half_its_bytes_fails_with_both_numbers() {
 /// and dz·W^T.
 #[test]
 fn xla_chunked_flops_count_every_loop_trip() {
-    let c = parse_fixed("level: fused, b: 1, t: 256, h: 512, v: 8192, dtype: bf16, beta: 0.04, compile_only: true").unwrap();
-    let b = backend("v6e:2x2", "[{id: xla_chunked, name: x, options: {chunk_tokens: 128, chunk_vocab: 2048}}]");
+    let c = parse_fixed(
+        "level: fused, b: 1, t: 256, h: 512, v: 8192, dtype: bf16, beta: 0.04, compile_only: true",
+    )
+    .unwrap();
+    let b = backend(
+        "v6e:2x2",
+        "[{id: xla_chunked, name: x, options: {chunk_tokens: 128, chunk_vocab: 2048}}]",
+    );
     b.prepare(&[("x", &c)]).unwrap();
-    let o = run_trial(&b, "x", &c, None, &RunOptions { warmup: 0, repeats: 0 });
+    let o = run_trial(
+        &b,
+        "x",
+        &c,
+        None,
+        &RunOptions {
+            warmup: 0,
+            repeats: 0,
+        },
+    );
     assert_eq!(o.verdict, Verdict::Pass, "{}", o.failure_text());
     let d = o.derived.as_ref().expect("a derived cost");
     let hand = 4.0 * 2.0 * 256.0 * 512.0 * 8192.0;
-    assert!((d.work.matmul_flops / hand - 1.0).abs() < 0.10, "derived {} against a hand count of {hand}", d.work.matmul_flops);
-    assert!((d.matmul_equivalents.unwrap() - 4.0).abs() < 0.4, "{:?}", d.matmul_equivalents);
-    assert!(d.loops.iter().all(|l| l.trips.is_some()) && d.loops.len() >= 2, "{:?}", d.loops);
+    assert!(
+        (d.work.matmul_flops / hand - 1.0).abs() < 0.10,
+        "derived {} against a hand count of {hand}",
+        d.work.matmul_flops
+    );
+    assert!(
+        (d.matmul_equivalents.unwrap() - 4.0).abs() < 0.4,
+        "{:?}",
+        d.matmul_equivalents
+    );
+    assert!(
+        d.loops.iter().all(|l| l.trips.is_some()) && d.loops.len() >= 2,
+        "{:?}",
+        d.loops
+    );
     assert!(d.notes.is_empty(), "{:?}", d.notes);
     // The compiler's own figure counts each loop body once: far below.
-    let xla = o.cost.as_ref().and_then(|c| c.get("flops").copied()).unwrap_or(0.0);
-    assert!(xla < 0.5 * hand, "XLA's cost analysis now counts loop trips ({xla}): revisit docs/tpu.md");
+    let xla = o
+        .cost
+        .as_ref()
+        .and_then(|c| c.get("flops").copied())
+        .unwrap_or(0.0);
+    assert!(
+        xla < 0.5 * hand,
+        "XLA's cost analysis now counts loop trips ({xla}): revisit docs/tpu.md"
+    );
     let r = o.roofline.as_ref().expect("a roofline on v6e");
     assert_eq!(r.generation, "v6e");
-    assert!(r.time_s > 0.0 && r.steps_s == 0.0 && r.time_s == r.mxu_s.max(r.hbm_s), "no Pallas kernel: no grid steps");
+    assert!(
+        r.time_s > 0.0 && r.steps_s == 0.0 && r.time_s == r.mxu_s.max(r.hbm_s),
+        "no Pallas kernel: no grid steps"
+    );
 }
 
 /// A speed budget compares the roofline with jax_baseline's on the same case and
 /// generation: a bound below the measured ratio fails with both times, one above passes.
 #[test]
 fn speed_budgets_judge_the_roofline_against_the_baselines() {
-    let c = parse_fixed("level: fused, b: 1, t: 512, h: 512, v: 8192, dtype: bf16, beta: 0.04, compile_only: true").unwrap();
+    let c = parse_fixed(
+        "level: fused, b: 1, t: 512, h: 512, v: 8192, dtype: bf16, beta: 0.04, compile_only: true",
+    )
+    .unwrap();
     let b = backend(
         "v6e:2x2",
         "[jax_baseline, {id: pallas_fused, name: tight, options: {block_tokens: 256, block_v: 512}, max_roofline_over_baseline: 0.01}, {id: pallas_fused, name: loose, options: {block_tokens: 256, block_v: 512}, max_roofline_over_baseline: 100}]",
     );
     b.prepare(&[("tight", &c), ("loose", &c)]).unwrap();
-    let opts = RunOptions { warmup: 0, repeats: 0 };
+    let opts = RunOptions {
+        warmup: 0,
+        repeats: 0,
+    };
     let tight = run_trial(&b, "tight", &c, None, &opts);
     assert_eq!(tight.verdict, Verdict::Fail, "{}", tight.failure_text());
     let s = tight.speed.as_ref().unwrap();
-    assert!(!s.passed && s.message.contains("jax_baseline") && s.message.contains("OVER BUDGET"), "{}", s.message);
+    assert!(
+        !s.passed && s.message.contains("jax_baseline") && s.message.contains("OVER BUDGET"),
+        "{}",
+        s.message
+    );
     assert!((s.ratio - s.roofline_s / s.baseline_roofline_s).abs() < 1e-12);
     let base = run_trial(&b, "jax_baseline", &c, None, &opts);
     assert_eq!(base.verdict, Verdict::Pass, "{}", base.failure_text());
-    assert!((base.roofline.as_ref().unwrap().time_s - s.baseline_roofline_s).abs() < 1e-15, "the baseline trial's roofline is the one judged against");
+    assert!(
+        (base.roofline.as_ref().unwrap().time_s - s.baseline_roofline_s).abs() < 1e-15,
+        "the baseline trial's roofline is the one judged against"
+    );
     let loose = run_trial(&b, "loose", &c, None, &opts);
     assert_eq!(loose.verdict, Verdict::Pass, "{}", loose.failure_text());
     assert!(loose.speed.as_ref().unwrap().passed);
     // Another generation has other peaks: another roofline for the same module. tpu7x
     // compiles too (8 devices, one per TensorCore: per-device peaks are half a chip's).
-    let b5 = backend("v5e:2x2", "[{id: pallas_fused, name: p, options: {block_tokens: 256, block_v: 512}}]");
+    let b5 = backend(
+        "v5e:2x2",
+        "[{id: pallas_fused, name: p, options: {block_tokens: 256, block_v: 512}}]",
+    );
     b5.prepare(&[("p", &c)]).unwrap();
     let o5 = run_trial(&b5, "p", &c, None, &opts);
-    let (r5, r6) = (o5.roofline.as_ref().unwrap(), loose.roofline.as_ref().unwrap());
+    let (r5, r6) = (
+        o5.roofline.as_ref().unwrap(),
+        loose.roofline.as_ref().unwrap(),
+    );
     assert_eq!(r5.generation, "v5e");
-    assert!(r5.time_s > 2.0 * r6.time_s, "v5e {} vs v6e {}", r5.time_s, r6.time_s);
-    let b7 = backend("tpu7x:2x2x1", "[{id: pallas_fused, name: p, options: {block_tokens: 256, block_v: 512}}]");
+    assert!(
+        r5.time_s > 2.0 * r6.time_s,
+        "v5e {} vs v6e {}",
+        r5.time_s,
+        r6.time_s
+    );
+    let b7 = backend(
+        "tpu7x:2x2x1",
+        "[{id: pallas_fused, name: p, options: {block_tokens: 256, block_v: 512}}]",
+    );
     b7.prepare(&[("p", &c)]).unwrap();
     let o7 = run_trial(&b7, "p", &c, None, &opts);
     assert_eq!(o7.verdict, Verdict::Pass, "{}", o7.failure_text());
     let r7 = o7.roofline.as_ref().unwrap();
     assert_eq!(r7.generation, "tpu7x");
     assert!((r7.peak_flops - 2307e12 / 2.0).abs() < 1.0, "{r7:?}");
-    assert!(o7.memory.as_ref().unwrap().source.as_deref().unwrap().contains("tpu7x:2x2x1"));
+    assert!(o7
+        .memory
+        .as_ref()
+        .unwrap()
+        .source
+        .as_deref()
+        .unwrap()
+        .contains("tpu7x:2x2x1"));
 }

@@ -44,7 +44,11 @@ impl Timing {
         }
         v.sort_by(f64::total_cmp);
         let n = v.len();
-        Some(if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) })
+        Some(if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            0.5 * (v[n / 2 - 1] + v[n / 2])
+        })
     }
 }
 
@@ -125,7 +129,10 @@ pub struct RunOptions {
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { warmup: 1, repeats: 3 }
+        RunOptions {
+            warmup: 1,
+            repeats: 3,
+        }
     }
 }
 
@@ -148,7 +155,13 @@ pub trait Backend: Send + Sync {
     }
 
     /// Runs one implementation on one case.
-    fn run(&self, implementation: &str, case: &Case, inputs: &Inputs, opts: &RunOptions) -> Result<RunResult>;
+    fn run(
+        &self,
+        implementation: &str,
+        case: &Case,
+        inputs: &Inputs,
+        opts: &RunOptions,
+    ) -> Result<RunResult>;
 
     /// Checks the configured implementations (ids, options) before anything runs; the
     /// error names each bad entry. Default: nothing to check.
@@ -194,7 +207,10 @@ pub struct Budget {
 impl Budget {
     /// The budget of a configured implementation, if it has one.
     pub fn of(c: &crate::config::ImplConfig) -> Option<Budget> {
-        c.max_peak_over_floor.map(|r| Budget { max_peak_over_floor: r, slack_bytes: c.peak_slack_bytes })
+        c.max_peak_over_floor.map(|r| Budget {
+            max_peak_over_floor: r,
+            slack_bytes: c.peak_slack_bytes,
+        })
     }
 }
 

@@ -65,7 +65,9 @@ impl FromStr for Suite {
             "ci" => Ok(Suite::Ci),
             "nightly" => Ok(Suite::Nightly),
             "full" => Ok(Suite::Full),
-            _ => Err(format!("unknown suite `{s}`, expected smoke, ci, nightly or full")),
+            _ => Err(format!(
+                "unknown suite `{s}`, expected smoke, ci, nightly or full"
+            )),
         }
     }
 }
@@ -142,8 +144,7 @@ pub fn load_file(path: &Path) -> Result<Vec<Case>> {
 
 /// Parses YAML text; `origin` names the file in error messages.
 pub fn parse(text: &str, origin: &str) -> Result<Vec<Case>> {
-    let file: CaseFile =
-        serde_yaml_ng::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
+    let file: CaseFile = serde_yaml_ng::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
     let defaults = single(&file.defaults).map_err(|e| anyhow!("{origin}: defaults: {e}"))?;
     let mut out = Vec::new();
     for (gi, g) in file.groups.iter().enumerate() {
@@ -174,7 +175,9 @@ pub fn parse_fixed(fixed: &str) -> Result<Case> {
 fn single(a: &Axes) -> Result<Point, String> {
     for (k, n) in a.keys().into_iter().zip(a.lens()) {
         if n != 1 {
-            return Err(format!("`{k}` must be a single value here, got a list of {n}"));
+            return Err(format!(
+                "`{k}` must be a single value here, got a list of {n}"
+            ));
         }
     }
     Ok(a.nth(0))
@@ -188,8 +191,13 @@ fn expand_group(g: &Group, defaults: &Point, origin: &str) -> Result<Vec<Case>, 
     let zip_lens = g.zip.lens();
     if let Some(&n0) = zip_lens.first() {
         if zip_lens.iter().any(|&n| n != n0) {
-            let desc: Vec<String> =
-                g.zip.keys().iter().zip(&zip_lens).map(|(k, n)| format!("{k}:{n}")).collect();
+            let desc: Vec<String> = g
+                .zip
+                .keys()
+                .iter()
+                .zip(&zip_lens)
+                .map(|(k, n)| format!("{k}:{n}"))
+                .collect();
             return Err(format!("zip lists differ in length ({})", desc.join(", ")));
         }
     }
@@ -224,8 +232,8 @@ fn expand_group(g: &Group, defaults: &Point, origin: &str) -> Result<Vec<Case>, 
                     }
                 }
                 let point = defaults.merged(&fixed).merged(c).merged(p).merged(z);
-                let case = to_case(&point, &g.suites, origin)
-                    .map_err(|e| format!("cases[{ci}]: {e}"))?;
+                let case =
+                    to_case(&point, &g.suites, origin).map_err(|e| format!("cases[{ci}]: {e}"))?;
                 out.push(case);
             }
         }
@@ -250,7 +258,12 @@ fn to_case(p: &Point, suites: &[Suite], origin: &str) -> Result<Case, String> {
     let mut case = Case {
         id: String::new(),
         level,
-        shape: Shape { b: need(p.b, "b")?, t: need(p.t, "t")?, v: need(p.v, "v")?, h: p.h },
+        shape: Shape {
+            b: need(p.b, "b")?,
+            t: need(p.t, "t")?,
+            v: need(p.v, "v")?,
+            h: p.h,
+        },
         dtype: p.dtype.unwrap_or(DType::F32),
         knobs,
         profile: p.profile.unwrap_or(DataProfile::Normal(1.0)),
@@ -286,13 +299,19 @@ fn merge(cases: Vec<Case>) -> Result<Matrix> {
                 if prev.compile_only != c.compile_only {
                     bail!(
                         "case {} is defined twice, compile_only in one place only ({} and {})",
-                        c.id, prev.origin, c.origin
+                        c.id,
+                        prev.origin,
+                        c.origin
                     );
                 }
                 if prev.tier != c.tier {
                     bail!(
                         "case {} is defined twice with different tiers ({} in {}, {} in {})",
-                        c.id, prev.tier, prev.origin, c.tier, c.origin
+                        c.id,
+                        prev.tier,
+                        prev.origin,
+                        c.tier,
+                        c.origin
                     );
                 }
                 prev.suites.extend(c.suites);
@@ -301,7 +320,9 @@ fn merge(cases: Vec<Case>) -> Result<Matrix> {
             }
         }
     }
-    Ok(Matrix { cases: by_id.into_values().collect() })
+    Ok(Matrix {
+        cases: by_id.into_values().collect(),
+    })
 }
 
 #[cfg(test)]
@@ -322,21 +343,34 @@ mod tests {
         let yaml = "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1}\n    product: {dtype: [f32, bf16]}\n    zip: {t: [2, 3], v: [5, 7]}\n    cases: [{beta: 0.0}, {beta: 0.04}]\n";
         let cases = parse(yaml, "x").unwrap();
         assert_eq!(cases.len(), 2 * 2 * 2);
-        assert!(cases.iter().any(|c| c.shape.t == 3 && c.shape.v == 7 && c.dtype == DType::Bf16 && c.knobs.beta == 0.04));
-        assert!(!cases.iter().any(|c| c.shape.t == 3 && c.shape.v == 5), "zip must pair, not multiply");
+        assert!(cases.iter().any(|c| c.shape.t == 3
+            && c.shape.v == 7
+            && c.dtype == DType::Bf16
+            && c.knobs.beta == 0.04));
+        assert!(
+            !cases.iter().any(|c| c.shape.t == 3 && c.shape.v == 5),
+            "zip must pair, not multiply"
+        );
     }
 
     #[test]
     fn zip_length_mismatch_and_overlap_are_errors() {
         let y1 = "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1}\n    zip: {t: [2, 3], v: [5]}\n";
-        assert!(parse(y1, "x").unwrap_err().to_string().contains("zip lists differ"));
+        assert!(parse(y1, "x")
+            .unwrap_err()
+            .to_string()
+            .contains("zip lists differ"));
         let y2 = "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1, t: 2}\n    product: {t: [2], v: [5]}\n";
-        assert!(parse(y2, "x").unwrap_err().to_string().contains("`t` is set in both"));
+        assert!(parse(y2, "x")
+            .unwrap_err()
+            .to_string()
+            .contains("`t` is set in both"));
     }
 
     #[test]
     fn invalid_knob_is_an_error_naming_the_case() {
-        let y = "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1, t: 2, v: 5, delta: 1.1}\n";
+        let y =
+            "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1, t: 2, v: 5, delta: 1.1}\n";
         let e = parse(y, "x").unwrap_err().to_string();
         assert!(e.contains("delta must be >"), "{e}");
         assert!(e.contains("group `g`"), "{e}");
@@ -348,9 +382,15 @@ mod tests {
         assert!(parse(y, "x").is_err());
         let y = "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1, t: 2, v: 5, loss_type: grpoo}\n";
         let e = parse(y, "x").unwrap_err().to_string();
-        assert!(e.contains("grpoo") && e.contains("dr_grpo") && e.contains("line 4"), "{e}");
+        assert!(
+            e.contains("grpoo") && e.contains("dr_grpo") && e.contains("line 4"),
+            "{e}"
+        );
         let y = "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1, t: 2, v: 5}\n    product: {profile: [normal1, gauss]}\n";
         let e = parse(y, "x").unwrap_err().to_string();
-        assert!(e.contains("unknown profile `gauss`") && e.contains("line 5"), "{e}");
+        assert!(
+            e.contains("unknown profile `gauss`") && e.contains("line 5"),
+            "{e}"
+        );
     }
 }

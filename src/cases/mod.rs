@@ -77,7 +77,9 @@ impl Case {
     /// the generated data (bump [`crate::inputs::GENERATOR_VERSION`] and re-bless).
     pub fn make_id(&self) -> String {
         match self.sharding {
-            Some(sh) if self.devices > 1 => format!("{}/d{}-{sh}", self.data_id_base(), self.devices),
+            Some(sh) if self.devices > 1 => {
+                format!("{}/d{}-{sh}", self.data_id_base(), self.devices)
+            }
             _ => self.data_id_base(),
         }
     }
@@ -94,7 +96,12 @@ impl Case {
     /// The same case on one device (the reference of a multi-device case's invariance
     /// check): same data, id [`Case::data_id`].
     pub fn one_device_twin(&self) -> Case {
-        Case { id: self.data_id().to_string(), devices: 1, sharding: None, ..self.clone() }
+        Case {
+            id: self.data_id().to_string(),
+            devices: 1,
+            sharding: None,
+            ..self.clone()
+        }
     }
 
     fn data_id_base(&self) -> String {
@@ -159,10 +166,14 @@ impl Case {
             Level::Logits => rows.checked_mul(s.v as u64)?.checked_mul(8)?,
             Level::Fused => {
                 let h = s.h.unwrap_or(0) as u64;
-                let elems = rows.checked_mul(h)?.checked_add(h.checked_mul(s.v as u64)?)?;
+                let elems = rows
+                    .checked_mul(h)?
+                    .checked_add(h.checked_mul(s.v as u64)?)?;
                 // The fused oracle also forms up to 64 f64 rows of V at a time (its gradients:
                 // a block of 32 logits rows and their 32 dlogits rows).
-                elems.checked_mul(4 + 8 + 4)?.checked_add((s.v as u64).checked_mul(8 * 64)?)?
+                elems
+                    .checked_mul(4 + 8 + 4)?
+                    .checked_add((s.v as u64).checked_mul(8 * 64)?)?
             }
         };
         big.checked_add(small)
@@ -182,7 +193,13 @@ impl Case {
             return Err(format!("v={} does not fit chosen_ids (i32)", s.v));
         }
         if self.host_bytes_needed().is_none() {
-            return Err(format!("b·t·v (and h) = {}·{}·{}{} overflows 64-bit byte counts", s.b, s.t, s.v, s.h.map(|h| format!("·{h}")).unwrap_or_default()));
+            return Err(format!(
+                "b·t·v (and h) = {}·{}·{}{} overflows 64-bit byte counts",
+                s.b,
+                s.t,
+                s.v,
+                s.h.map(|h| format!("·{h}")).unwrap_or_default()
+            ));
         }
         match (self.level, s.h) {
             (Level::Logits, Some(h)) => {
@@ -205,9 +222,14 @@ impl Case {
         match (self.devices, self.sharding) {
             (0, _) => return Err("devices must be >= 1".into()),
             (1, Some(sh)) => return Err(format!("sharding {sh} needs devices > 1")),
-            (d, None) if d > 1 => return Err(format!("devices: {d} needs a sharding (batch or vocab)")),
+            (d, None) if d > 1 => {
+                return Err(format!("devices: {d} needs a sharding (batch or vocab)"))
+            }
             (d, Some(Sharding::Batch)) if !s.b.is_multiple_of(d) => {
-                return Err(format!("batch sharding needs B divisible by devices, got B={} devices={d}", s.b))
+                return Err(format!(
+                    "batch sharding needs B divisible by devices, got B={} devices={d}",
+                    s.b
+                ))
             }
             _ => {}
         }

@@ -30,30 +30,66 @@ pub fn run(args: CostArgs) -> Result<()> {
     use grpo_conformance::cost::roofline::roofline;
     prepare_environment();
     let manifest_path = args.dir.join("manifest.json");
-    let text = std::fs::read_to_string(&manifest_path).with_context(|| format!("cannot read {} (give an artifact directory of the exporter)", manifest_path.display()))?;
-    let manifest: Manifest = serde_json::from_str(&text).with_context(|| format!("{}: not an exporter manifest", manifest_path.display()))?;
+    let text = std::fs::read_to_string(&manifest_path).with_context(|| {
+        format!(
+            "cannot read {} (give an artifact directory of the exporter)",
+            manifest_path.display()
+        )
+    })?;
+    let manifest: Manifest = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not an exporter manifest", manifest_path.display()))?;
     if manifest.platform != "tpu" {
-        anyhow::bail!("{}: exported for platform `{}`; the cost is derived for TPU exports", args.dir.display(), manifest.platform);
+        anyhow::bail!(
+            "{}: exported for platform `{}`; the cost is derived for TPU exports",
+            args.dir.display(),
+            manifest.platform
+        );
     }
     let module = args.dir.join("module.mlirbc");
-    let topologies: Vec<String> = if args.topologies.is_empty() { super::sweep_cmd::DEFAULT_TOPOLOGIES.iter().map(|s| s.to_string()).collect() } else { args.topologies.clone() };
+    let topologies: Vec<String> = if args.topologies.is_empty() {
+        super::sweep_cmd::DEFAULT_TOPOLOGIES
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    } else {
+        args.topologies.clone()
+    };
     for t in &topologies {
-        let cfg = TpuAotConfig { plugin: None, topologies: vec![t.clone()], implementations: vec![] };
+        let cfg = TpuAotConfig {
+            plugin: None,
+            topologies: vec![t.clone()],
+            implementations: vec![],
+        };
         cfg.validate("grpo-suite cost")?;
         let b = TpuAot::new(&cfg, t)?;
-        let res = b.compile_module(&module, &manifest).with_context(|| format!("{t}"))?;
+        let res = b
+            .compile_module(&module, &manifest)
+            .with_context(|| format!("{t}"))?;
         let floor = res.memory.as_ref().and_then(|m| m.floor_bytes);
         let Some(mut d) = res.derived else {
-            println!("{t}: cost not derived: {}", res.cost_error.unwrap_or_default());
+            println!(
+                "{t}: cost not derived: {}",
+                res.cost_error.unwrap_or_default()
+            );
             continue;
         };
-        d.passes_over_floor = floor.filter(|&f| f > 0).map(|f| d.work.hbm_bytes / f as f64);
+        d.passes_over_floor = floor
+            .filter(|&f| f > 0)
+            .map(|f| d.work.hbm_bytes / f as f64);
         let r = b.generation().map(|g| roofline(&d, g));
         if args.json {
-            println!("{}", serde_json::json!({"topology": t, "derived": d, "roofline": r, "memory": res.memory}));
+            println!(
+                "{}",
+                serde_json::json!({"topology": t, "derived": d, "roofline": r, "memory": res.memory})
+            );
             continue;
         }
-        println!("{t}: {}", r.as_ref().map_or("no published peaks for this generation".into(), |r| r.describe(&d)));
+        println!(
+            "{t}: {}",
+            r.as_ref()
+                .map_or("no published peaks for this generation".into(), |r| r
+                    .describe(&d))
+        );
         println!(
             "  MXU {:.4e} FLOP ({:.4e} bf16-pass weighted), other {:.4e} FLOP, {:.4e} transcendentals, HBM {:.4e} B{}",
             d.work.matmul_flops,
@@ -73,14 +109,29 @@ pub fn run(args: CostArgs) -> Result<()> {
                 k.invocations,
                 k.derived.matmul_flops,
                 k.derived.hbm_bytes,
-                k.mismatch.as_ref().map(|m| format!("; {m}")).unwrap_or_default()
+                k.mismatch
+                    .as_ref()
+                    .map(|m| format!("; {m}"))
+                    .unwrap_or_default()
             );
         }
         for l in &d.loops {
-            println!("  loop {}: {} trips × {} executions", l.name, l.trips.map_or("?".into(), |x| x.to_string()), l.executions);
+            println!(
+                "  loop {}: {} trips × {} executions",
+                l.name,
+                l.trips.map_or("?".into(), |x| x.to_string()),
+                l.executions
+            );
         }
         for c in &d.top {
-            println!("  {:>10.3} GB  {:>10.3e} FLOP  ×{:<6} {} ({})", c.hbm_bytes / 1e9, c.matmul_flops, c.executions, c.name, c.op);
+            println!(
+                "  {:>10.3} GB  {:>10.3e} FLOP  ×{:<6} {} ({})",
+                c.hbm_bytes / 1e9,
+                c.matmul_flops,
+                c.executions,
+                c.name,
+                c.op
+            );
         }
         for n in &d.notes {
             println!("  note: {n}");

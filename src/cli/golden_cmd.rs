@@ -44,14 +44,20 @@ pub enum GoldenAction {
 
 fn bar(n: usize) -> ProgressBar {
     let pb = ProgressBar::new(n as u64);
-    pb.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {wide_msg}").unwrap());
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {wide_msg}").unwrap(),
+    );
     pb
 }
 
 /// Runs the action.
 pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
     let (update, dry_run, force, GoldenArgs { suite, dir, filter }) = match action {
-        GoldenAction::Update { args, dry_run, force } => (true, dry_run, force, args),
+        GoldenAction::Update {
+            args,
+            dry_run,
+            force,
+        } => (true, dry_run, force, args),
         GoldenAction::Check(a) => (false, false, false, a),
     };
     let cases: Vec<_> = matrix
@@ -64,7 +70,10 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
         bail!("no case of suite {suite} with golden values matches the filter: nothing would be checked");
     }
     if !update && !dir.is_dir() {
-        bail!("golden directory {} does not exist (check --dir)", dir.display());
+        bail!(
+            "golden directory {} does not exist (check --dir)",
+            dir.display()
+        );
     }
     let pb = bar(cases.len());
     let mut problems = Vec::new();
@@ -85,7 +94,8 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
             match golden::read(&path) {
                 Ok(Some(stored)) => {
                     let d = golden::diff(&stored, &now);
-                    let versioned = stored.provenance.oracle_version != now.provenance.oracle_version
+                    let versioned = stored.provenance.oracle_version
+                        != now.provenance.oracle_version
                         || stored.provenance.generator_version != now.provenance.generator_version;
                     if d.is_empty() && !versioned {
                         unchanged += 1;
@@ -103,14 +113,22 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
                 }
                 Ok(None) => {
                     new += 1;
-                    changes.push((c.id.clone(), path, now, vec!["new golden file".into()], true));
+                    changes.push((
+                        c.id.clone(),
+                        path,
+                        now,
+                        vec!["new golden file".into()],
+                        true,
+                    ));
                 }
                 Err(e) => changes.push((c.id.clone(), path, now, vec![format!("{e:#}")], true)),
             }
         } else {
             match golden::check(&dir, c, &p.inputs, &p.oracle) {
                 Ok(Check::Match) => {}
-                Ok(Check::Mismatch(d)) => problems.push(format!("{}:\n  {}", path.display(), d.join("\n  "))),
+                Ok(Check::Mismatch(d)) => {
+                    problems.push(format!("{}:\n  {}", path.display(), d.join("\n  ")))
+                }
                 Err(e) => problems.push(format!("{e:#}")),
             }
         }
@@ -142,10 +160,17 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
         for (_, path, now, _, _) in &changes {
             golden::store(path, now)?;
         }
-        eprintln!("wrote {} golden files under {}", changes.len(), dir.display());
+        eprintln!(
+            "wrote {} golden files under {}",
+            changes.len(),
+            dir.display()
+        );
         if suite == Suite::Full {
             for o in golden::orphans(&dir, &matrix.suite(Suite::Full)) {
-                eprintln!("note: {} belongs to no case; delete it if the case was removed", o.display());
+                eprintln!(
+                    "note: {} belongs to no case; delete it if the case was removed",
+                    o.display()
+                );
             }
         }
         return Ok(());
@@ -157,6 +182,10 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
         for p in &problems {
             eprintln!("{p}");
         }
-        bail!("golden check: {} of {} cases differ; {BLESS_HINT}", problems.len(), cases.len())
+        bail!(
+            "golden check: {} of {} cases differ; {BLESS_HINT}",
+            problems.len(),
+            cases.len()
+        )
     }
 }

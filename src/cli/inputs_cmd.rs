@@ -12,7 +12,8 @@ use std::path::Path;
 /// Writes every input and the oracle's outputs (SPEC names) plus `case.json`.
 pub fn write(case: &Case, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    grpo_conformance::trials::check_host_memory(case).map_err(|e| anyhow::anyhow!("{}: {e}", case.id))?;
+    grpo_conformance::trials::check_host_memory(case)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", case.id))?;
     let p = Prepared::new(case);
     let (inputs, o) = (&p.inputs, &p.oracle);
     let mut files = serde_json::Map::new();
@@ -34,8 +35,22 @@ pub fn write(case: &Case, out: &Path) -> Result<()> {
     npy::write_f32(&out.join("per_token_loss.npy"), &bt, &f(&o.per_token_loss))?;
     npy::write_f32(&out.join("kl.npy"), &bt, &f(&o.kl))?;
     npy::write_f32(&out.join("entropy.npy"), &bt, &f(o.entropy()))?;
-    npy::write_f32(&out.join("clipped.npy"), &bt, &o.clipped.iter().map(|&c| c as u8 as f32).collect::<Vec<_>>())?;
-    let mut outputs = vec!["loss", "per_token_logp", "per_token_loss", "kl", "entropy", "clipped"];
+    npy::write_f32(
+        &out.join("clipped.npy"),
+        &bt,
+        &o.clipped
+            .iter()
+            .map(|&c| c as u8 as f32)
+            .collect::<Vec<_>>(),
+    )?;
+    let mut outputs = vec![
+        "loss",
+        "per_token_logp",
+        "per_token_loss",
+        "kl",
+        "entropy",
+        "clipped",
+    ];
     match case.level {
         Level::Logits => {
             npy::write_with(&out.join("dlogits.npy"), "<f4", &[s.b, s.t, s.v], |w| {
@@ -68,7 +83,15 @@ pub fn write(case: &Case, out: &Path) -> Result<()> {
         "oracle_version": grpo_conformance::oracle::ORACLE_VERSION,
         "generator_version": grpo_conformance::inputs::GENERATOR_VERSION,
     });
-    std::fs::write(out.join("case.json"), serde_json::to_string_pretty(&meta)? + "\n")?;
-    eprintln!("wrote {} inputs and {} oracle outputs to {}", inputs.tensors(case).len(), outputs.len(), out.display());
+    std::fs::write(
+        out.join("case.json"),
+        serde_json::to_string_pretty(&meta)? + "\n",
+    )?;
+    eprintln!(
+        "wrote {} inputs and {} oracle outputs to {}",
+        inputs.tensors(case).len(),
+        outputs.len(),
+        out.display()
+    );
     Ok(())
 }

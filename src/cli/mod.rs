@@ -110,15 +110,25 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Compare { base, new, json } => {
-            let (b, n) = (grpo_conformance::compare::load(&base)?, grpo_conformance::compare::load(&new)?);
+            let (b, n) = (
+                grpo_conformance::compare::load(&base)?,
+                grpo_conformance::compare::load(&new)?,
+            );
             if let Some(why) = grpo_conformance::compare::incompatible(&b, &n) {
-                anyhow::bail!("cannot compare {} and {}: {why}", base.display(), new.display());
+                anyhow::bail!(
+                    "cannot compare {} and {}: {why}",
+                    base.display(),
+                    new.display()
+                );
             }
             let c = grpo_conformance::compare::compare(&b, &n);
             if json {
                 println!("{}", serde_json::to_string_pretty(&c)?);
             } else {
-                print!("{}", grpo_conformance::compare::markdown(&base, &new, &b, &c));
+                print!(
+                    "{}",
+                    grpo_conformance::compare::markdown(&base, &new, &b, &c)
+                );
             }
             if c.regressed() {
                 std::process::exit(1);
@@ -127,7 +137,10 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Inputs { case_id, out } => {
             let case = matrix.get(&case_id).with_context(|| {
-                format!("no case `{case_id}` in {} (list them with `grpo-suite cases --suite full`)", cli.cases.display())
+                format!(
+                    "no case `{case_id}` in {} (list them with `grpo-suite cases --suite full`)",
+                    cli.cases.display()
+                )
             })?;
             inputs_cmd::write(case, &out)
         }

@@ -91,7 +91,11 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
     let known = config.backends.names();
     for b in &args.backends {
         if !known.contains(b) {
-            bail!("unknown backend `{b}`; the configuration {} has: {}", config.origin, known.join(", "));
+            bail!(
+                "unknown backend `{b}`; the configuration {} has: {}",
+                config.origin,
+                known.join(", ")
+            );
         }
     }
     let required = grpo_conformance::env::require_backends();
@@ -99,7 +103,10 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
     let all_impls: Vec<String> = plan.trials.iter().map(|t| t.key.1.clone()).collect();
     for i in &args.impls {
         if !all_impls.contains(i) {
-            bail!("no configured backend has implementation `{i}` (configuration {})", config.origin);
+            bail!(
+                "no configured backend has implementation `{i}` (configuration {})",
+                config.origin
+            );
         }
     }
     plan.select(&Selection {
@@ -108,12 +115,18 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
         implementations: args.impls.clone(),
         ..Default::default()
     });
-    let opts = RunOptions { warmup: args.warmup.unwrap_or(config.warmup), repeats: args.repeats.unwrap_or(config.repeats) };
+    let opts = RunOptions {
+        warmup: args.warmup.unwrap_or(config.warmup),
+        repeats: args.repeats.unwrap_or(config.repeats),
+    };
     if let Some(file) = &args.worker {
         return worker(plan, file, &args, &opts);
     }
     if plan.trials.is_empty() {
-        bail!("no trial of suite {} matches the selection: nothing would be checked", args.suite);
+        bail!(
+            "no trial of suite {} matches the selection: nothing would be checked",
+            args.suite
+        );
     }
     if args.list {
         for n in plan.names() {
@@ -126,15 +139,27 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
     }
     let scale = grpo_conformance::gates::tiers::scale();
     if scale != 1.0 {
-        eprintln!("note: {}={scale}: every tolerance is multiplied by {scale}", grpo_conformance::env::TOL_SCALE);
+        eprintln!(
+            "note: {}={scale}: every tolerance is multiplied by {scale}",
+            grpo_conformance::env::TOL_SCALE
+        );
     }
     let path = match (&args.resume, &args.records) {
-        (Some(r), Some(p)) if r != p => bail!("--resume {} and --records {} name different files", r.display(), p.display()),
+        (Some(r), Some(p)) if r != p => bail!(
+            "--resume {} and --records {} name different files",
+            r.display(),
+            p.display()
+        ),
         (Some(r), _) => r.clone(),
         (None, Some(p)) => p.clone(),
         (None, None) => {
-            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-            grpo_conformance::repo_root().join("records").join(format!("{}-{t}.jsonl", args.suite))
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            grpo_conformance::repo_root()
+                .join("records")
+                .join(format!("{}-{t}.jsonl", args.suite))
         }
     };
     let mut previous: Vec<TrialOutcome> = Vec::new();
@@ -145,36 +170,72 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
             truncate_last_line(r)?;
         }
         let wanted: HashSet<String> = plan.names().into_iter().collect();
-        previous = back.outcomes.into_iter().filter(|o| wanted.contains(&o.name)).collect();
+        previous = back
+            .outcomes
+            .into_iter()
+            .filter(|o| wanted.contains(&o.name))
+            .collect();
         let done: HashSet<String> = previous.iter().map(|o| o.name.clone()).collect();
-        eprintln!("resuming: {} of {} trials already recorded in {}", done.len(), plan.trials.len(), r.display());
+        eprintln!(
+            "resuming: {} of {} trials already recorded in {}",
+            done.len(),
+            plan.trials.len(),
+            r.display()
+        );
         plan.trials.retain(|t| !done.contains(&t.name));
     }
     // A records file may already hold lines (a resume, or --records naming an old file):
     // the summary reads back only what this run appends.
-    let already = if path.exists() { records::read(&path)?.outcomes.len() } else { 0 };
+    let already = if path.exists() {
+        records::read(&path)?.outcomes.len()
+    } else {
+        0
+    };
     let total = plan.trials.len();
     let pb = ProgressBar::new(total as u64);
-    pb.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {wide_msg}").unwrap());
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {wide_msg}").unwrap(),
+    );
     let timeout = Duration::from_secs(args.trial_timeout.unwrap_or(config.trial_timeout_s).max(1));
     let names: Vec<String> = plan.names();
     if args.no_isolate {
         in_process(&plan, &path, args.suite, &opts, &pb)?;
     } else {
-        supervise(&names, &path, cases_dir, &config_path, &args, &opts, timeout, &pb)?;
+        supervise(
+            &names,
+            &path,
+            cases_dir,
+            &config_path,
+            &args,
+            &opts,
+            timeout,
+            &pb,
+        )?;
     }
     pb.finish_and_clear();
     // The table and the tally come from the records: what the file says is what happened.
     let back = records::read(&path)?;
     let this_run: HashSet<&String> = names.iter().collect();
     let mut outcomes = previous;
-    outcomes.extend(back.outcomes.into_iter().skip(already).filter(|o| this_run.contains(&o.name)));
+    outcomes.extend(
+        back.outcomes
+            .into_iter()
+            .skip(already)
+            .filter(|o| this_run.contains(&o.name)),
+    );
     summarize(&outcomes, &plan, scale, &path)
 }
 
 /// Runs every trial of `plan` here, writing records (and the worker protocol lines when
 /// `protocol`).
-fn execute_all(plan: &Plan, path: &Path, suite: Suite, opts: &RunOptions, pb: Option<&ProgressBar>, protocol: bool) -> Result<()> {
+fn execute_all(
+    plan: &Plan,
+    path: &Path,
+    suite: Suite,
+    opts: &RunOptions,
+    pb: Option<&ProgressBar>,
+    protocol: bool,
+) -> Result<()> {
     let mut rec = RecordWriter::open(path)?;
     if let Some(pb) = pb {
         pb.set_message("preparing (export)");
@@ -196,7 +257,12 @@ fn execute_all(plan: &Plan, path: &Path, suite: Suite, opts: &RunOptions, pb: Op
         let o = plan.execute(t, &cache, opts);
         rec.write(suite.name(), &o)?;
         if !o.verdict.is_ok() {
-            let text = format!("{} {}\n  {}", o.verdict.label(), o.name, o.failure_text().replace('\n', "\n  "));
+            let text = format!(
+                "{} {}\n  {}",
+                o.verdict.label(),
+                o.name,
+                o.failure_text().replace('\n', "\n  ")
+            );
             match pb {
                 Some(pb) => pb.suspend(|| eprintln!("{text}")),
                 None => eprintln!("{text}"),
@@ -213,17 +279,25 @@ fn execute_all(plan: &Plan, path: &Path, suite: Suite, opts: &RunOptions, pb: Op
     Ok(())
 }
 
-fn in_process(plan: &Plan, path: &Path, suite: Suite, opts: &RunOptions, pb: &ProgressBar) -> Result<()> {
+fn in_process(
+    plan: &Plan,
+    path: &Path,
+    suite: Suite,
+    opts: &RunOptions,
+    pb: &ProgressBar,
+) -> Result<()> {
     execute_all(plan, path, suite, opts, Some(pb), false)
 }
 
 /// The worker side: exactly the trials named in `file`, in that order.
 fn worker(mut plan: Plan, file: &Path, args: &RunArgs, opts: &RunOptions) -> Result<()> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let wanted: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
     let set: HashSet<&str> = wanted.iter().copied().collect();
     plan.trials.retain(|t| set.contains(t.name.as_str()));
-    let order: std::collections::HashMap<&str, usize> = wanted.iter().enumerate().map(|(k, n)| (*n, k)).collect();
+    let order: std::collections::HashMap<&str, usize> =
+        wanted.iter().enumerate().map(|(k, n)| (*n, k)).collect();
     plan.trials.sort_by_key(|t| order[t.name.as_str()]);
     let path = args.records.as_ref().context("a worker needs --records")?;
     execute_all(&plan, path, args.suite, opts, None, true)
@@ -247,9 +321,19 @@ fn supervise(
     // /proc/self/exe is this process's own executable even if the file was rebuilt or
     // removed during a long run (current_exe() would then name a deleted path).
     let proc_exe = PathBuf::from("/proc/self/exe");
-    let exe = if proc_exe.exists() { proc_exe } else { std::env::current_exe().context("cannot find this binary to start a worker")? };
+    let exe = if proc_exe.exists() {
+        proc_exe
+    } else {
+        std::env::current_exe().context("cannot find this binary to start a worker")?
+    };
     while !remaining.is_empty() {
-        std::fs::write(&list, remaining.iter().map(|n| format!("{n}\n")).collect::<String>())?;
+        std::fs::write(
+            &list,
+            remaining
+                .iter()
+                .map(|n| format!("{n}\n"))
+                .collect::<String>(),
+        )?;
         let mut cmd = Command::new(&exe);
         cmd.arg("--cases")
             .arg(cases_dir)
@@ -257,7 +341,12 @@ fn supervise(
             .arg(config_path)
             .arg("--records")
             .arg(path)
-            .args(["--repeats", &opts.repeats.to_string(), "--warmup", &opts.warmup.to_string()])
+            .args([
+                "--repeats",
+                &opts.repeats.to_string(),
+                "--warmup",
+                &opts.warmup.to_string(),
+            ])
             .arg("--worker")
             .arg(&list)
             .stdin(Stdio::null())
@@ -318,16 +407,27 @@ fn supervise(
         let last: Vec<String> = tail.lock().unwrap().iter().cloned().collect();
         if status.success() && !timed_out {
             if !remaining.is_empty() {
-                bail!("the worker finished without running {} trials (first: {})", remaining.len(), remaining[0]);
+                bail!(
+                    "the worker finished without running {} trials (first: {})",
+                    remaining.len(),
+                    remaining[0]
+                );
             }
             break;
         }
         let how = if timed_out {
-            format!("timed out after {} s (trial_timeout_s); the worker was killed", timeout.as_secs())
+            format!(
+                "timed out after {} s (trial_timeout_s); the worker was killed",
+                timeout.as_secs()
+            )
         } else {
             format!("the worker process died: {}", describe_exit(&status))
         };
-        let detail = if last.is_empty() { String::new() } else { format!("\nlast stderr lines of the worker:\n{}", last.join("\n")) };
+        let detail = if last.is_empty() {
+            String::new()
+        } else {
+            format!("\nlast stderr lines of the worker:\n{}", last.join("\n"))
+        };
         match current {
             Some((name, _)) => {
                 record_crash(path, args.suite, &name, &format!("{how}{detail}"))?;
@@ -339,7 +439,12 @@ fn supervise(
                 // Died outside any trial (start-up, export): nothing can be blamed on one
                 // trial, and retrying would die the same way.
                 for name in remaining.drain(..) {
-                    record_crash(path, args.suite, &name, &format!("{how} before this trial started{detail}"))?;
+                    record_crash(
+                        path,
+                        args.suite,
+                        &name,
+                        &format!("{how} before this trial started{detail}"),
+                    )?;
                     pb.inc(1);
                 }
             }
@@ -380,8 +485,18 @@ fn describe_exit(status: &std::process::ExitStatus) -> String {
 fn record_crash(path: &Path, suite: Suite, name: &str, why: &str) -> Result<()> {
     let mut parts = name.splitn(3, '/');
     let (kind, b, i, c) = match name.split('/').next() {
-        Some("golden") => (TrialKind::Golden, "golden".to_string(), "oracle".to_string(), name["golden/".len()..].to_string()),
-        Some("should-fail") => (TrialKind::ShouldFail, "reference".into(), name["should-fail/".len()..].to_string(), "*".into()),
+        Some("golden") => (
+            TrialKind::Golden,
+            "golden".to_string(),
+            "oracle".to_string(),
+            name["golden/".len()..].to_string(),
+        ),
+        Some("should-fail") => (
+            TrialKind::ShouldFail,
+            "reference".into(),
+            name["should-fail/".len()..].to_string(),
+            "*".into(),
+        ),
         _ => (
             TrialKind::Run,
             parts.next().unwrap_or("").to_string(),
@@ -398,15 +513,28 @@ fn record_crash(path: &Path, suite: Suite, name: &str, why: &str) -> Result<()> 
 fn truncate_last_line(path: &Path) -> Result<()> {
     let text = std::fs::read_to_string(path)?;
     let keep = text.rfind('\n').map(|i| i + 1).unwrap_or(0);
-    std::fs::write(path, &text[..keep]).with_context(|| format!("cannot rewrite {}", path.display()))
+    std::fs::write(path, &text[..keep])
+        .with_context(|| format!("cannot rewrite {}", path.display()))
 }
 
 fn summarize(outcomes: &[TrialOutcome], plan: &Plan, scale: f64, path: &Path) -> Result<()> {
     print_table(outcomes);
     let t = Tally::of(outcomes);
-    let mut line = format!("\n{} passed, {} failed, {} errors, {} ignored", t.passed, t.failed, t.errors, t.ignored);
+    let mut line = format!(
+        "\n{} passed, {} failed, {} errors, {} ignored",
+        t.passed, t.failed, t.errors, t.ignored
+    );
     if t.expected_fail + t.unexpected_pass > 0 {
-        line.push_str(&format!(", {} expected failures, {} unexpected passes", t.expected_fail, t.unexpected_pass));
+        line.push_str(&format!(
+            ", {} expected failures, {} unexpected passes",
+            t.expected_fail, t.unexpected_pass
+        ));
+    }
+    if t.not_applicable > 0 {
+        line.push_str(&format!(
+            " ({} not applicable, not shown: an implementation without the case's level)",
+            t.not_applicable
+        ));
     }
     if scale != 1.0 {
         line.push_str(&format!("; TOLERANCES SCALED ×{scale}"));
@@ -415,14 +543,25 @@ fn summarize(outcomes: &[TrialOutcome], plan: &Plan, scale: f64, path: &Path) ->
     if !plan.unavailable.is_empty() {
         println!(
             "unavailable backends (their trials are ignored): {}",
-            plan.unavailable.iter().map(|u| u.name.as_str()).collect::<Vec<_>>().join(", ")
+            plan.unavailable
+                .iter()
+                .map(|u| u.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     if !t.green() {
         if t.passed + t.expected_fail == 0 && t.failed + t.errors + t.unexpected_pass == 0 {
-            bail!("no trial passed ({} ignored): the run checked nothing", t.ignored);
+            bail!(
+                "no trial passed ({} ignored): the run checked nothing",
+                t.ignored
+            );
         }
-        bail!("{} of {} trials did not pass", t.failed + t.errors + t.unexpected_pass, outcomes.len());
+        bail!(
+            "{} of {} trials did not pass",
+            t.failed + t.errors + t.unexpected_pass,
+            outcomes.len()
+        );
     }
     Ok(())
 }
@@ -437,9 +576,17 @@ pub fn roofline_cell(o: &TrialOutcome) -> String {
                 Bound::Mxu => "MXU",
                 Bound::Hbm => "HBM",
             };
-            let mut cell = format!("{} {} {bound} {}", r.generation, human_time(r.time_s), d.summary());
+            let mut cell = format!(
+                "{} {} {bound} {}",
+                r.generation,
+                human_time(r.time_s),
+                d.summary()
+            );
             if let Some(s) = &o.speed {
-                cell.push_str(&format!(", {:.2}×base (≤{})", s.ratio, s.max_roofline_over_baseline));
+                cell.push_str(&format!(
+                    ", {:.2}×base (≤{})",
+                    s.ratio, s.max_roofline_over_baseline
+                ));
             }
             if !d.notes.is_empty() {
                 cell.push_str(" (bound: see notes)");
@@ -455,35 +602,80 @@ pub fn roofline_cell(o: &TrialOutcome) -> String {
 fn print_table(outcomes: &[TrialOutcome]) {
     let rows: Vec<[String; 7]> = outcomes
         .iter()
+        .filter(|o| !o.verdict.is_not_applicable())
         .map(|o| {
             let worst = match (&o.budget, o.worst()) {
-                (Some(b), _) => format!("peak/floor {:.3} (≤{}{})", b.ratio, b.max_peak_over_floor, if b.slack_bytes > 0 { "+slack" } else { "" }),
+                (Some(b), _) => format!(
+                    "peak/floor {:.3} (≤{}{})",
+                    b.ratio,
+                    b.max_peak_over_floor,
+                    if b.slack_bytes > 0 { "+slack" } else { "" }
+                ),
                 (None, Some(g)) => format!("{} {:.2e}", g.output, g.norm_err),
                 (None, None) => match o.memory.as_ref().and_then(|m| m.peak_over_floor()) {
-                    Some(r) if o.kind == TrialKind::Run && o.verdict == Verdict::Pass => format!("peak/floor {r:.3} (no budget)"),
+                    Some(r) if o.kind == TrialKind::Run && o.verdict == Verdict::Pass => {
+                        format!("peak/floor {r:.3} (no budget)")
+                    }
                     _ => "-".into(),
                 },
             };
             // Outputs the implementation does not produce are never gated: say so here.
-            let missing: Vec<String> = o.gates.iter().filter(|g| !g.provided).map(|g| g.output.to_string()).collect();
-            let worst = if missing.is_empty() { worst } else { format!("{worst} ({} not provided)", missing.join(", ")) };
+            let missing: Vec<String> = o
+                .gates
+                .iter()
+                .filter(|g| !g.provided)
+                .map(|g| g.output.to_string())
+                .collect();
+            let worst = if missing.is_empty() {
+                worst
+            } else {
+                format!("{worst} ({} not provided)", missing.join(", "))
+            };
             // Multi-device trials: whether the outputs equal the one-device run's.
             let worst = match &o.invariance {
                 Some(inv) if inv.passed() => format!("{worst}, = 1 device"),
                 Some(_) => format!("{worst}, ≠ 1 device"),
                 None => worst,
             };
-            let peak = o.memory.as_ref().and_then(|m| m.peak_bytes).map_or("-".into(), |b| format!("{:.1}MiB", b as f64 / (1 << 20) as f64));
+            let peak = o
+                .memory
+                .as_ref()
+                .and_then(|m| m.peak_bytes)
+                .map_or("-".into(), |b| {
+                    format!("{:.1}MiB", b as f64 / (1 << 20) as f64)
+                });
             let time = match o.timing.as_ref() {
-                Some(t) if t.runs_s.is_empty() => t.compile_s.map_or("-".into(), |c| format!("compile {}", fmt_s(Some(c)))),
+                Some(t) if t.runs_s.is_empty() => t
+                    .compile_s
+                    .map_or("-".into(), |c| format!("compile {}", fmt_s(Some(c)))),
                 Some(t) => fmt_s(t.median_s()),
                 None => "-".into(),
             };
-            let trial = o.name.strip_suffix(&format!("/{}", o.case)).unwrap_or(&o.name).to_string();
-            [o.case.clone(), trial, o.verdict.label(), worst, time, peak, roofline_cell(o)]
+            let trial = o
+                .name
+                .strip_suffix(&format!("/{}", o.case))
+                .unwrap_or(&o.name)
+                .to_string();
+            [
+                o.case.clone(),
+                trial,
+                o.verdict.label(),
+                worst,
+                time,
+                peak,
+                roofline_cell(o),
+            ]
         })
         .collect();
-    let head = ["case", "trial", "verdict", "worst error / budget", "median", "peak", "roofline"];
+    let head = [
+        "case",
+        "trial",
+        "verdict",
+        "worst error / budget",
+        "median",
+        "peak",
+        "roofline",
+    ];
     let mut w = head.map(|h| h.len());
     for r in &rows {
         for (k, c) in r.iter().enumerate() {

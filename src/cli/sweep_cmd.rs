@@ -78,31 +78,46 @@ pub fn sweep_case(matrix: &Matrix, args: &SweepArgs) -> Result<Case> {
 /// The budgets: the command line's, else the first tpu-aot entry of the configuration
 /// with the implementation's id.
 pub fn budgets(config: &Config, args: &SweepArgs) -> Budgets {
-    let entry = config
-        .backends
-        .tpu_aot
-        .as_ref()
-        .and_then(|t| t.implementations.iter().map(|e| e.resolved()).find(|c| c.id == args.implementation));
+    let entry = config.backends.tpu_aot.as_ref().and_then(|t| {
+        t.implementations
+            .iter()
+            .map(|e| e.resolved())
+            .find(|c| c.id == args.implementation)
+    });
     Budgets {
-        max_peak_over_floor: args.max_peak_over_floor.or(entry.as_ref().and_then(|e| e.max_peak_over_floor)),
+        max_peak_over_floor: args
+            .max_peak_over_floor
+            .or(entry.as_ref().and_then(|e| e.max_peak_over_floor)),
         peak_slack_bytes: entry.as_ref().map_or(0, |e| e.peak_slack_bytes),
-        max_roofline_over_baseline: args.max_roofline_over_baseline.or(entry.as_ref().and_then(|e| e.max_roofline_over_baseline)),
+        max_roofline_over_baseline: args
+            .max_roofline_over_baseline
+            .or(entry.as_ref().and_then(|e| e.max_roofline_over_baseline)),
     }
 }
 
 /// The search space from `--space` arguments, or the implementation's declared one.
 pub fn space_of(args: &SweepArgs, declared: Option<&Map<String, Value>>) -> Result<Space> {
     if !args.space.is_empty() {
-        return args.space.iter().map(|a| sweep::parse_assignment(a).map_err(anyhow::Error::msg)).collect();
+        return args
+            .space
+            .iter()
+            .map(|a| sweep::parse_assignment(a).map_err(anyhow::Error::msg))
+            .collect();
     }
     let declared = declared.filter(|d| !d.is_empty()).with_context(|| {
-        format!("`{}` declares no search space: give one with --space option=v1,v2 (repeatable)", args.implementation)
+        format!(
+            "`{}` declares no search space: give one with --space option=v1,v2 (repeatable)",
+            args.implementation
+        )
     })?;
     declared
         .iter()
         .map(|(k, v)| match v {
             Value::Array(a) => Ok((k.clone(), a.clone())),
-            other => bail!("`{}`'s search space for `{k}` is not a list: {other}", args.implementation),
+            other => bail!(
+                "`{}`'s search space for `{k}` is not a list: {other}",
+                args.implementation
+            ),
         })
         .collect()
 }
@@ -137,12 +152,22 @@ mod imp {
     /// core, where the compiler then says so).
     const VMEM_MAX: u64 = 128 * 1024 * 1024;
 
-    fn entry(id: &str, name: &str, options: &Map<String, Value>, b: &Budgets, pythonpath: &[PathBuf]) -> ImplConfig {
+    fn entry(
+        id: &str,
+        name: &str,
+        options: &Map<String, Value>,
+        b: &Budgets,
+        pythonpath: &[PathBuf],
+    ) -> ImplConfig {
         let mut c = ImplEntry::Id(id.to_string()).resolved();
         c.name = Some(name.to_string());
         c.options = options.clone();
         c.max_peak_over_floor = b.max_peak_over_floor;
-        c.peak_slack_bytes = if b.max_peak_over_floor.is_some() { b.peak_slack_bytes } else { 0 };
+        c.peak_slack_bytes = if b.max_peak_over_floor.is_some() {
+            b.peak_slack_bytes
+        } else {
+            0
+        };
         c.max_roofline_over_baseline = b.max_roofline_over_baseline;
         c.pythonpath = pythonpath.to_vec();
         c
@@ -160,13 +185,28 @@ mod imp {
 
     pub fn run(matrix: &Matrix, args: SweepArgs) -> Result<()> {
         prepare_environment();
-        let config_path = Config::path_for(args.config.as_deref(), grpo_conformance::cases::Suite::Nightly)?;
+        let config_path = Config::path_for(
+            args.config.as_deref(),
+            grpo_conformance::cases::Suite::Nightly,
+        )?;
         let config = Config::load(&config_path)?;
         let case = sweep_case(matrix, &args)?;
         let budgets = budgets(&config, &args);
-        let plugin = config.backends.tpu_aot.as_ref().and_then(|t| t.plugin.clone());
-        let topologies: Vec<String> = if args.topologies.is_empty() { DEFAULT_TOPOLOGIES.iter().map(|s| s.to_string()).collect() } else { args.topologies.clone() };
-        let pythonpath: Vec<PathBuf> = args.pythonpath.iter().map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())).collect();
+        let plugin = config
+            .backends
+            .tpu_aot
+            .as_ref()
+            .and_then(|t| t.plugin.clone());
+        let topologies: Vec<String> = if args.topologies.is_empty() {
+            DEFAULT_TOPOLOGIES.iter().map(|s| s.to_string()).collect()
+        } else {
+            args.topologies.clone()
+        };
+        let pythonpath: Vec<PathBuf> = args
+            .pythonpath
+            .iter()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+            .collect();
         // The search space, and every option set of it.
         let probe = backend(plugin.as_ref(), &topologies[0], &[])?;
         let declared = if args.implementation.contains(':') {
@@ -187,14 +227,32 @@ mod imp {
         }
         let keys: Vec<String> = space.iter().map(|(k, _)| k.clone()).collect();
         let sets = sweep::option_sets(&space, &fixed);
-        let mut entries: Vec<ImplConfig> = sets.iter().map(|s| entry(&args.implementation, &sweep::entry_name(&args.implementation, s, &keys), s, &budgets, &pythonpath)).collect();
+        let mut entries: Vec<ImplConfig> = sets
+            .iter()
+            .map(|s| {
+                entry(
+                    &args.implementation,
+                    &sweep::entry_name(&args.implementation, s, &keys),
+                    s,
+                    &budgets,
+                    &pythonpath,
+                )
+            })
+            .collect();
         // Option sets the kernel refuses for its VMEM estimate are tried again with the
         // largest VMEM limit: the compiler then says whether they fit.
-        let raises_vmem = declared.as_ref().is_some_and(|i| i.default_options.contains_key("vmem_limit_bytes"));
+        let raises_vmem = declared
+            .as_ref()
+            .is_some_and(|i| i.default_options.contains_key("vmem_limit_bytes"));
         let base = backend(plugin.as_ref(), &topologies[0], &entries)?;
         base.validate()?;
         let work: Vec<(&str, &Case)> = entries.iter().map(|e| (e.display_name(), &case)).collect();
-        eprintln!("sweep: exporting {} option sets of `{}` for {}", entries.len(), args.implementation, case.id);
+        eprintln!(
+            "sweep: exporting {} option sets of `{}` for {}",
+            entries.len(),
+            args.implementation,
+            case.id
+        );
         base.prepare(&work)?;
         if raises_vmem {
             let mut raised = Vec::new();
@@ -203,20 +261,38 @@ mod imp {
                     if r.contains("VMEM") && !s.contains_key("vmem_limit_bytes") {
                         let mut s2 = s.clone();
                         s2.insert("vmem_limit_bytes".into(), VMEM_MAX.into());
-                        raised.push(entry(&args.implementation, &sweep::entry_name(&args.implementation, &s2, &keys), &s2, &budgets, &pythonpath));
+                        raised.push(entry(
+                            &args.implementation,
+                            &sweep::entry_name(&args.implementation, &s2, &keys),
+                            &s2,
+                            &budgets,
+                            &pythonpath,
+                        ));
                     }
                 }
             }
             entries.extend(raised);
         }
         let records_path = args.records.clone().unwrap_or_else(|| {
-            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-            grpo_conformance::repo_root().join(format!("records/sweep-{}-{t}.jsonl", args.implementation.replace([':', '/'], "_")))
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            grpo_conformance::repo_root().join(format!(
+                "records/sweep-{}-{t}.jsonl",
+                args.implementation.replace([':', '/'], "_")
+            ))
         });
         let mut writer = RecordWriter::open(&records_path)?;
         let pb = ProgressBar::new((topologies.len() * (entries.len() + 1)) as u64);
-        pb.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} compiles {elapsed_precise} {msg}").unwrap());
-        let opts = RunOptions { warmup: 0, repeats: 0 };
+        pb.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} compiles {elapsed_precise} {msg}")
+                .unwrap(),
+        );
+        let opts = RunOptions {
+            warmup: 0,
+            repeats: 0,
+        };
         let mut rows: Vec<(String, TrialOutcome)> = Vec::new();
         let mut baselines: BTreeMap<String, f64> = BTreeMap::new();
         let mut baseline_rows: Vec<(String, TrialOutcome)> = Vec::new();
@@ -241,7 +317,13 @@ mod imp {
                 let name = e.display_name();
                 let mut o = match b.supports(name, &case) {
                     Err(reason) => {
-                        let mut o = TrialOutcome::new(format!("{}/{name}/{}", b.name(), case.id), TrialKind::Sweep, b.name(), name, &case.id);
+                        let mut o = TrialOutcome::new(
+                            format!("{}/{name}/{}", b.name(), case.id),
+                            TrialKind::Sweep,
+                            b.name(),
+                            name,
+                            &case.id,
+                        );
                         o.verdict = Verdict::Ignored(reason);
                         o
                     }
@@ -249,7 +331,12 @@ mod imp {
                 };
                 o.kind = TrialKind::Sweep;
                 if o.verdict == Verdict::Pass && o.roofline.is_none() {
-                    o.verdict = Verdict::Error(format!("no roofline: {}", o.cost_error.clone().unwrap_or_else(|| "no published peaks for this generation".into())));
+                    o.verdict = Verdict::Error(format!(
+                        "no roofline: {}",
+                        o.cost_error
+                            .clone()
+                            .unwrap_or_else(|| "no published peaks for this generation".into())
+                    ));
                 }
                 writer.write("sweep", &o)?;
                 rows.push((t.clone(), o));
@@ -273,15 +360,23 @@ mod imp {
         }
         let overall = sweep::best_overall(&rows, &baselines);
         match &overall {
-            Some((name, worst, on)) => println!("best on every topology: {name} (worst {worst:.2}× {BASELINE}, on {on})"),
-            None => println!("best on every topology: none is within the budgets on all of {}", topologies.join(", ")),
+            Some((name, worst, on)) => {
+                println!("best on every topology: {name} (worst {worst:.2}× {BASELINE}, on {on})")
+            }
+            None => println!(
+                "best on every topology: none is within the budgets on all of {}",
+                topologies.join(", ")
+            ),
         }
         println!("records: {}", records_path.display());
         if let Some(path) = &args.write_config {
             let Some((name, worst, on)) = overall else {
                 bail!("--write-config {}: no option set is within the budgets on every topology; nothing written", path.display());
             };
-            let e = entries.iter().find(|e| e.display_name() == name).context("internal: best entry not found")?;
+            let e = entries
+                .iter()
+                .find(|e| e.display_name() == name)
+                .context("internal: best entry not found")?;
             let text = format!(
                 "# grpo-suite sweep --impl {} on {} ({}): the best option set within the budgets\n# ({}) on {}; worst {worst:.2}× {BASELINE}'s roofline, on {on}. Paste under backends: tpu-aot: implementations:.\n{}\n",
                 args.implementation,
@@ -291,32 +386,88 @@ mod imp {
                 topologies.join(", "),
                 sweep::config_entry(&args.implementation, &name, &e.options, &budgets)
             );
-            std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+            std::fs::write(path, text)
+                .with_context(|| format!("cannot write {}", path.display()))?;
             println!("wrote {}", path.display());
         }
         Ok(())
     }
 
-    fn print_table(case: &Case, rows: &[(String, TrialOutcome)], baseline_rows: &[(String, TrialOutcome)], baselines: &BTreeMap<String, f64>) {
+    fn print_table(
+        case: &Case,
+        rows: &[(String, TrialOutcome)],
+        baseline_rows: &[(String, TrialOutcome)],
+        baselines: &BTreeMap<String, f64>,
+    ) {
         println!("case {}", case.id);
-        let head = ["topology", "option set", "compiles", "peak/floor", "matmuls", "HBM", "roofline", "× baseline"];
+        // The compiler's answer comes last: a refusal's reason is long and would widen every row.
+        let head = [
+            "topology",
+            "option set",
+            "peak/floor",
+            "matmuls",
+            "HBM",
+            "roofline",
+            "× baseline",
+            "compiles",
+        ];
         let mut table: Vec<[String; 8]> = Vec::new();
         for (t, o) in baseline_rows.iter().chain(rows) {
             let topo = t.clone();
             let status = match &o.verdict {
                 Verdict::Pass => "yes".to_string(),
                 Verdict::Fail => "yes, over budget".to_string(),
-                Verdict::Ignored(r) => format!("refused: {}", r.split(": not supported").last().unwrap_or(r).trim_start_matches(": ")),
-                Verdict::Error(e) => format!("no: {}", e.lines().next().unwrap_or("").chars().take(110).collect::<String>()),
+                Verdict::Ignored(r) => format!(
+                    "refused: {}",
+                    r.split(": not supported")
+                        .last()
+                        .unwrap_or(r)
+                        .trim_start_matches(": ")
+                ),
+                Verdict::Error(e) => format!(
+                    "no: {}",
+                    e.lines()
+                        .next()
+                        .unwrap_or("")
+                        .chars()
+                        .take(110)
+                        .collect::<String>()
+                ),
                 other => other.label(),
             };
-            let pof = o.memory.as_ref().and_then(|m| m.peak_over_floor()).map_or("-".into(), |r| format!("{r:.3}"));
+            let pof = o
+                .memory
+                .as_ref()
+                .and_then(|m| m.peak_over_floor())
+                .map_or("-".into(), |r| format!("{r:.3}"));
             let d = o.derived.as_ref();
-            let mm = d.and_then(|d| d.matmul_equivalents.map(|m| format!("{m:.2}")).or(d.logits_passes.map(|p| format!("{p:.2} lp")))).unwrap_or("-".into());
+            let mm = d
+                .and_then(|d| {
+                    d.matmul_equivalents
+                        .map(|m| format!("{m:.2}"))
+                        .or(d.logits_passes.map(|p| format!("{p:.2} lp")))
+                })
+                .unwrap_or("-".into());
             let bytes = d.map_or("-".into(), |d| format!("{:.2} GB", d.work.hbm_bytes / 1e9));
-            let roof = o.roofline.as_ref().map_or("-".into(), |r| format!("{} {}", human_time(r.time_s), if r.mxu_s >= r.hbm_s { "MXU" } else { "HBM" }));
-            let ratio = sweep::ratio(o, baselines.get(t).copied()).map_or("-".into(), |r| format!("{r:.2}"));
-            table.push([topo, o.implementation.clone(), status, pof, mm, bytes, roof, ratio]);
+            let roof = o.roofline.as_ref().map_or("-".into(), |r| {
+                format!(
+                    "{} {}",
+                    human_time(r.time_s),
+                    if r.mxu_s >= r.hbm_s { "MXU" } else { "HBM" }
+                )
+            });
+            let ratio = sweep::ratio(o, baselines.get(t).copied())
+                .map_or("-".into(), |r| format!("{r:.2}"));
+            table.push([
+                topo,
+                o.implementation.clone(),
+                pof,
+                mm,
+                bytes,
+                roof,
+                ratio,
+                status,
+            ]);
         }
         let mut w = head.map(|h| h.chars().count());
         for r in &table {
@@ -324,7 +475,15 @@ mod imp {
                 w[k] = w[k].max(c.chars().count());
             }
         }
-        let line = |r: &[String]| r.iter().enumerate().map(|(k, c)| format!("{c:<width$}", width = w[k])).collect::<Vec<_>>().join("  ").trim_end().to_string();
+        let line = |r: &[String]| {
+            r.iter()
+                .enumerate()
+                .map(|(k, c)| format!("{c:<width$}", width = w[k]))
+                .collect::<Vec<_>>()
+                .join("  ")
+                .trim_end()
+                .to_string()
+        };
         println!("{}", line(&head.map(String::from)));
         for r in &table {
             println!("{}", line(r));
@@ -350,18 +509,47 @@ mod tests {
 
     #[test]
     fn a_shape_is_a_compile_only_case_and_bad_input_is_one_line() {
-        let m = grpo_conformance::cases::load_dir(&grpo_conformance::repo_root().join("cases")).unwrap();
-        let c = sweep_case(&m, &args(&["--shape", "level: fused, b: 1, t: 64, h: 128, v: 1000, dtype: bf16"])).unwrap();
-        assert!(c.compile_only && c.shape.h == Some(128) && c.id.contains("b1_t64_v1000_h128"), "{}", c.id);
-        let e = sweep_case(&m, &args(&["--shape", "level: fused, b: 1, t: 64, v: 1000, dtype: bf16, h: 0"])).unwrap_err();
+        let m = grpo_conformance::cases::load_dir(&grpo_conformance::repo_root().join("cases"))
+            .unwrap();
+        let c = sweep_case(
+            &m,
+            &args(&[
+                "--shape",
+                "level: fused, b: 1, t: 64, h: 128, v: 1000, dtype: bf16",
+            ]),
+        )
+        .unwrap();
+        assert!(
+            c.compile_only && c.shape.h == Some(128) && c.id.contains("b1_t64_v1000_h128"),
+            "{}",
+            c.id
+        );
+        let e = sweep_case(
+            &m,
+            &args(&[
+                "--shape",
+                "level: fused, b: 1, t: 64, v: 1000, dtype: bf16, h: 0",
+            ]),
+        )
+        .unwrap_err();
         assert!(format!("{e:#}").starts_with("--shape"), "{e:#}");
         let e = sweep_case(&m, &args(&["--case", "no/such/case"])).unwrap_err();
         assert!(e.to_string().contains("no case `no/such/case`"), "{e}");
-        assert!(sweep_case(&m, &args(&[])).unwrap_err().to_string().contains("--case"));
-        let s = space_of(&args(&["--space", "block_v=512,1024", "--space", "block_tokens=128"]), None).unwrap();
+        assert!(sweep_case(&m, &args(&[]))
+            .unwrap_err()
+            .to_string()
+            .contains("--case"));
+        let s = space_of(
+            &args(&["--space", "block_v=512,1024", "--space", "block_tokens=128"]),
+            None,
+        )
+        .unwrap();
         assert_eq!(sweep::option_sets(&s, &Map::new()).len(), 2);
         let e = space_of(&args(&[]), None).unwrap_err().to_string();
-        assert!(e.contains("declares no search space") && e.contains("--space"), "{e}");
+        assert!(
+            e.contains("declares no search space") && e.contains("--space"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -372,7 +560,14 @@ mod tests {
         )
         .unwrap();
         let b = budgets(&c, &args(&[]));
-        assert_eq!(b, Budgets { max_peak_over_floor: Some(1.1), peak_slack_bytes: 100, max_roofline_over_baseline: Some(1.0) });
+        assert_eq!(
+            b,
+            Budgets {
+                max_peak_over_floor: Some(1.1),
+                peak_slack_bytes: 100,
+                max_roofline_over_baseline: Some(1.0)
+            }
+        );
         let b = budgets(&c, &args(&["--max-roofline-over-baseline", "0.5"]));
         assert_eq!(b.max_roofline_over_baseline, Some(0.5));
     }

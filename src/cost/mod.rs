@@ -142,15 +142,33 @@ impl KernelWork {
 pub fn check_declared(name: &str, derived: &Work, declared: &Declared) -> Option<String> {
     let figures = [
         ("flops", declared.flops, derived.flops(), "FLOP"),
-        ("transcendentals", declared.transcendentals, derived.transcendentals, ""),
-        ("bytes_accessed", declared.bytes_accessed, derived.hbm_bytes, "B"),
+        (
+            "transcendentals",
+            declared.transcendentals,
+            derived.transcendentals,
+            "",
+        ),
+        (
+            "bytes_accessed",
+            declared.bytes_accessed,
+            derived.hbm_bytes,
+            "B",
+        ),
     ];
     let off: Vec<String> = figures
         .iter()
         .filter(|(_, d, x, _)| !within(*d, *x))
         .map(|(what, d, x, unit)| {
-            let rel = if *x > 0.0 { format!(" ({:+.0}%)", 100.0 * (d - x) / x) } else { String::new() };
-            format!("{what} {} declared, {} derived{rel}", sci(*d, unit), sci(*x, unit))
+            let rel = if *x > 0.0 {
+                format!(" ({:+.0}%)", 100.0 * (d - x) / x)
+            } else {
+                String::new()
+            };
+            format!(
+                "{what} {} declared, {} derived{rel}",
+                sci(*d, unit),
+                sci(*x, unit)
+            )
         })
         .collect();
     (!off.is_empty()).then(|| {
@@ -171,7 +189,11 @@ fn within(declared: f64, derived: f64) -> bool {
 
 /// `1.245e9 B`, `3.06e16 FLOP`.
 pub fn sci(x: f64, unit: &str) -> String {
-    let s = if x == 0.0 { "0".to_string() } else { format!("{x:.4e}") };
+    let s = if x == 0.0 {
+        "0".to_string()
+    } else {
+        format!("{x:.4e}")
+    };
     if unit.is_empty() {
         s
     } else {
@@ -269,13 +291,20 @@ pub struct DerivedCost {
 impl DerivedCost {
     /// The declared-against-derived mismatches of its kernels.
     pub fn mismatches(&self) -> Vec<&str> {
-        self.kernels.iter().filter_map(|k| k.mismatch.as_deref()).collect()
+        self.kernels
+            .iter()
+            .filter_map(|k| k.mismatch.as_deref())
+            .collect()
     }
 
     /// Fills the ratios to the case's sizes: matmul-equivalents (fused level), passes over
     /// the floor, passes over the logits (logits level). A multi-device module's figures
     /// are per device: they are over the device's share of the problem.
-    pub fn with_ratios(mut self, case: &crate::cases::Case, floor_bytes: Option<u64>) -> DerivedCost {
+    pub fn with_ratios(
+        mut self,
+        case: &crate::cases::Case,
+        floor_bytes: Option<u64>,
+    ) -> DerivedCost {
         let s = &case.shape;
         let n = s.rows() as f64 / case.devices.max(1) as f64;
         match case.level {
@@ -289,7 +318,9 @@ impl DerivedCost {
                 self.logits_passes = (logits > 0.0).then(|| self.work.hbm_bytes / logits);
             }
         }
-        self.passes_over_floor = floor_bytes.filter(|&f| f > 0).map(|f| self.work.hbm_bytes / f as f64);
+        self.passes_over_floor = floor_bytes
+            .filter(|&f| f > 0)
+            .map(|f| self.work.hbm_bytes / f as f64);
         self
     }
 
@@ -316,32 +347,122 @@ mod tests {
     #[test]
     fn ratios_are_over_the_devices_share_of_the_problem() {
         let one = crate::cases::parse_fixed("level: fused, b: 8, t: 16, h: 64, v: 1000").unwrap();
-        let eight = crate::cases::parse_fixed("level: fused, b: 8, t: 16, h: 64, v: 1000, devices: 8, sharding: batch").unwrap();
+        let eight = crate::cases::parse_fixed(
+            "level: fused, b: 8, t: 16, h: 64, v: 1000, devices: 8, sharding: batch",
+        )
+        .unwrap();
         let mm = 2.0 * 128.0 * 64.0 * 1000.0;
-        let d = |flops: f64| DerivedCost { work: Work { matmul_flops: flops, hbm_bytes: 200.0, ..Default::default() }, ..Default::default() };
-        assert_eq!(d(3.0 * mm).with_ratios(&one, Some(100)).matmul_equivalents, Some(3.0));
+        let d = |flops: f64| DerivedCost {
+            work: Work {
+                matmul_flops: flops,
+                hbm_bytes: 200.0,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(
+            d(3.0 * mm).with_ratios(&one, Some(100)).matmul_equivalents,
+            Some(3.0)
+        );
         // Per device: an eighth of the tokens, an eighth of the FLOPs.
-        assert_eq!(d(3.0 * mm / 8.0).with_ratios(&eight, Some(100)).matmul_equivalents, Some(3.0));
-        assert_eq!(d(0.0).with_ratios(&one, Some(100)).passes_over_floor, Some(2.0));
+        assert_eq!(
+            d(3.0 * mm / 8.0)
+                .with_ratios(&eight, Some(100))
+                .matmul_equivalents,
+            Some(3.0)
+        );
+        assert_eq!(
+            d(0.0).with_ratios(&one, Some(100)).passes_over_floor,
+            Some(2.0)
+        );
         let logits = crate::cases::parse_fixed("b: 2, t: 8, v: 1000, dtype: bf16").unwrap();
-        assert_eq!(DerivedCost { work: Work { hbm_bytes: 96000.0, ..Default::default() }, ..Default::default() }.with_ratios(&logits, None).logits_passes, Some(3.0));
+        assert_eq!(
+            DerivedCost {
+                work: Work {
+                    hbm_bytes: 96000.0,
+                    ..Default::default()
+                },
+                ..Default::default()
+            }
+            .with_ratios(&logits, None)
+            .logits_passes,
+            Some(3.0)
+        );
     }
 
     #[test]
     fn a_declaration_within_ten_percent_passes_and_half_the_bytes_fails_naming_both() {
-        let derived = Work { matmul_flops: 0.0, matmul_pass_flops: 0.0, other_flops: 1000.0, transcendentals: 100.0, hbm_bytes: 2.0e9 };
-        let honest = Declared { flops: 1090.0, transcendentals: 95.0, bytes_accessed: 1.9e9 };
+        let derived = Work {
+            matmul_flops: 0.0,
+            matmul_pass_flops: 0.0,
+            other_flops: 1000.0,
+            transcendentals: 100.0,
+            hbm_bytes: 2.0e9,
+        };
+        let honest = Declared {
+            flops: 1090.0,
+            transcendentals: 95.0,
+            bytes_accessed: 1.9e9,
+        };
         assert_eq!(check_declared("k", &derived, &honest), None);
-        let half = Declared { bytes_accessed: 1.0e9, ..honest.clone() };
+        let half = Declared {
+            bytes_accessed: 1.0e9,
+            ..honest.clone()
+        };
         let m = check_declared("k", &derived, &half).expect("half the bytes is off");
-        assert!(m.contains("bytes_accessed") && m.contains("1.0000e9 B declared") && m.contains("2.0000e9 B derived") && m.contains("-50%"), "{m}");
-        assert!(!m.contains("flops 1"), "only the figure that is off is named: {m}");
+        assert!(
+            m.contains("bytes_accessed")
+                && m.contains("1.0000e9 B declared")
+                && m.contains("2.0000e9 B derived")
+                && m.contains("-50%"),
+            "{m}"
+        );
+        assert!(
+            !m.contains("flops 1"),
+            "only the figure that is off is named: {m}"
+        );
         // Just over the bound fails, just under passes; NaN never passes.
-        assert!(check_declared("k", &derived, &Declared { flops: 1101.0, ..honest.clone() }).is_some());
-        assert!(check_declared("k", &derived, &Declared { flops: 1099.0, ..honest.clone() }).is_none());
-        assert!(check_declared("k", &derived, &Declared { flops: f64::NAN, ..honest.clone() }).is_some());
+        assert!(check_declared(
+            "k",
+            &derived,
+            &Declared {
+                flops: 1101.0,
+                ..honest.clone()
+            }
+        )
+        .is_some());
+        assert!(check_declared(
+            "k",
+            &derived,
+            &Declared {
+                flops: 1099.0,
+                ..honest.clone()
+            }
+        )
+        .is_none());
+        assert!(check_declared(
+            "k",
+            &derived,
+            &Declared {
+                flops: f64::NAN,
+                ..honest.clone()
+            }
+        )
+        .is_some());
         // Declaring work where none is done is off too.
-        let none = Work { hbm_bytes: 2.0e9, ..Default::default() };
-        assert!(check_declared("k", &none, &Declared { flops: 5.0, transcendentals: 0.0, bytes_accessed: 2.0e9 }).is_some());
+        let none = Work {
+            hbm_bytes: 2.0e9,
+            ..Default::default()
+        };
+        assert!(check_declared(
+            "k",
+            &none,
+            &Declared {
+                flops: 5.0,
+                transcendentals: 0.0,
+                bytes_accessed: 2.0e9
+            }
+        )
+        .is_some());
     }
 }

@@ -70,7 +70,12 @@ pub const GENERATIONS: [Generation; 3] = [
 /// The generation of a topology name (`v6e:2x2` → v6e, `tpu7x:2x2x1` → tpu7x, also
 /// `v5litepod`), if the table has it.
 pub fn generation_of_topology(topology: &str) -> Option<&'static Generation> {
-    let head = topology.split(':').next().unwrap_or("").trim().to_ascii_lowercase();
+    let head = topology
+        .split(':')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     let name = match head.as_str() {
         "v5e" | "v5litepod" | "v5lite" => "v5e",
         "v6e" | "v6lite" => "v6e",
@@ -134,8 +139,21 @@ pub fn roofline(cost: &DerivedCost, g: &Generation) -> Roofline {
     let mxu_s = cost.work.matmul_pass_flops / peak;
     let hbm_s = cost.work.hbm_bytes / bw;
     let steps_s = cost.grid_steps * STEP_OVERHEAD_S;
-    let (time_s, bound) = if mxu_s >= hbm_s { (mxu_s, Bound::Mxu) } else { (hbm_s, Bound::Hbm) };
-    Roofline { generation: g.name.to_string(), peak_flops: peak, hbm_bytes_per_s: bw, mxu_s, hbm_s, steps_s, time_s: time_s + steps_s, bound }
+    let (time_s, bound) = if mxu_s >= hbm_s {
+        (mxu_s, Bound::Mxu)
+    } else {
+        (hbm_s, Bound::Hbm)
+    };
+    Roofline {
+        generation: g.name.to_string(),
+        peak_flops: peak,
+        hbm_bytes_per_s: bw,
+        mxu_s,
+        hbm_s,
+        steps_s,
+        time_s: time_s + steps_s,
+        bound,
+    }
 }
 
 /// `46.63ms`, `812.4µs`.
@@ -186,8 +204,14 @@ mod tests {
         assert_eq!(generation_of_topology("v5e:2x2").unwrap().name, "v5e");
         assert_eq!(generation_of_topology("tpu7x:2x2x1").unwrap().name, "tpu7x");
         assert!(generation_of_topology("v4:2x2x1").is_none());
-        assert_eq!(generation_of_device_kind("TPU v6 lite").unwrap().name, "v6e");
-        assert_eq!(generation_of_device_kind("TPU v5 lite").unwrap().name, "v5e");
+        assert_eq!(
+            generation_of_device_kind("TPU v6 lite").unwrap().name,
+            "v6e"
+        );
+        assert_eq!(
+            generation_of_device_kind("TPU v5 lite").unwrap().name,
+            "v5e"
+        );
         assert_eq!(generation_of_device_kind("TPU7x").unwrap().name, "tpu7x");
         assert!(generation_of_device_kind("cpu").is_none());
     }
@@ -196,16 +220,39 @@ mod tests {
     fn the_roofline_is_the_larger_of_mxu_and_hbm_time_per_device() {
         let v6e = generation_of_topology("v6e:2x2").unwrap();
         // 1.638 GB moved in 1 ms at 1638 GB/s; 0.459 TFLOP in 0.5 ms at 918 TFLOP/s.
-        let cost = DerivedCost { work: Work { matmul_flops: 4.59e11, matmul_pass_flops: 4.59e11, hbm_bytes: 1.638e9, ..Default::default() }, ..Default::default() };
+        let cost = DerivedCost {
+            work: Work {
+                matmul_flops: 4.59e11,
+                matmul_pass_flops: 4.59e11,
+                hbm_bytes: 1.638e9,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
         let r = roofline(&cost, v6e);
-        assert!((r.hbm_s - 1e-3).abs() < 1e-12 && (r.mxu_s - 0.5e-3).abs() < 1e-12, "{r:?}");
+        assert!(
+            (r.hbm_s - 1e-3).abs() < 1e-12 && (r.mxu_s - 0.5e-3).abs() < 1e-12,
+            "{r:?}"
+        );
         assert_eq!((r.time_s, r.bound), (r.hbm_s, Bound::Hbm));
         // Pallas grid steps add their fixed cost to the larger term.
-        let stepped = DerivedCost { grid_steps: 1000.0, ..cost.clone() };
+        let stepped = DerivedCost {
+            grid_steps: 1000.0,
+            ..cost.clone()
+        };
         let r = roofline(&stepped, v6e);
-        assert!((r.time_s - (1e-3 + 1000.0 * STEP_OVERHEAD_S)).abs() < 1e-12, "{r:?}");
+        assert!(
+            (r.time_s - (1e-3 + 1000.0 * STEP_OVERHEAD_S)).abs() < 1e-12,
+            "{r:?}"
+        );
         // f32 matmuls at HIGHEST weigh 6 passes: now MXU-bound at 3 ms.
-        let heavy = DerivedCost { work: Work { matmul_pass_flops: 6.0 * 4.59e11, ..cost.work.clone() }, ..Default::default() };
+        let heavy = DerivedCost {
+            work: Work {
+                matmul_pass_flops: 6.0 * 4.59e11,
+                ..cost.work.clone()
+            },
+            ..Default::default()
+        };
         let r = roofline(&heavy, v6e);
         assert_eq!(r.bound, Bound::Mxu);
         assert!((r.time_s - 3e-3).abs() < 1e-12);

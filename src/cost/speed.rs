@@ -30,8 +30,19 @@ pub struct SpeedReport {
 }
 
 fn inputs(cost: &DerivedCost, r: &Roofline) -> String {
-    let mm = cost.matmul_equivalents.map(|m| format!("{m:.2} logits-matmuls, ")).unwrap_or_default();
-    let steps = if cost.grid_steps > 0.0 { format!(" + {:.0} grid steps = {}", cost.grid_steps, human_time(r.steps_s)) } else { String::new() };
+    let mm = cost
+        .matmul_equivalents
+        .map(|m| format!("{m:.2} logits-matmuls, "))
+        .unwrap_or_default();
+    let steps = if cost.grid_steps > 0.0 {
+        format!(
+            " + {:.0} grid steps = {}",
+            cost.grid_steps,
+            human_time(r.steps_s)
+        )
+    } else {
+        String::new()
+    };
     format!(
         "{} ({mm}{:.4e} MXU FLOP weighted, {:.4e} HBM B; {}-bound{steps})",
         human_time(r.time_s),
@@ -42,7 +53,11 @@ fn inputs(cost: &DerivedCost, r: &Roofline) -> String {
 }
 
 /// Judges `own` against the baseline's roofline with the bound `max`.
-pub fn judge(max: f64, own: (&DerivedCost, &Roofline), baseline: (&DerivedCost, &Roofline)) -> SpeedReport {
+pub fn judge(
+    max: f64,
+    own: (&DerivedCost, &Roofline),
+    baseline: (&DerivedCost, &Roofline),
+) -> SpeedReport {
     let ratio = own.1.time_s / baseline.1.time_s;
     let passed = ratio.is_finite() && ratio <= max;
     let message = format!(
@@ -92,7 +107,15 @@ mod tests {
     use crate::cost::Work;
 
     fn cost(flops: f64, bytes: f64) -> DerivedCost {
-        DerivedCost { work: Work { matmul_flops: flops, matmul_pass_flops: flops, hbm_bytes: bytes, ..Default::default() }, ..Default::default() }
+        DerivedCost {
+            work: Work {
+                matmul_flops: flops,
+                matmul_pass_flops: flops,
+                hbm_bytes: bytes,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -100,18 +123,34 @@ mod tests {
         let g = generation_of_topology("v6e:2x2").unwrap();
         let base = cost(0.0, 76.5e9);
         let rb = roofline(&base, g);
-        for (bytes, pass) in [(76.5e9 * 1.0009, true), (76.5e9 * 1.0011, false), (102.4e9, false), (8e9, true)] {
+        for (bytes, pass) in [
+            (76.5e9 * 1.0009, true),
+            (76.5e9 * 1.0011, false),
+            (102.4e9, false),
+            (8e9, true),
+        ] {
             let own = cost(0.0, bytes);
             let r = judge(1.001, (&own, &roofline(&own, g)), (&base, &rb));
             assert_eq!(r.passed, pass, "{}", r.message);
             assert!((r.ratio - bytes / 76.5e9).abs() < 1e-12);
-            assert!(r.message.contains("jax_baseline") && r.message.contains("HBM B"), "{}", r.message);
+            assert!(
+                r.message.contains("jax_baseline") && r.message.contains("HBM B"),
+                "{}",
+                r.message
+            );
             assert_eq!(r.message.contains("OVER BUDGET"), !pass);
         }
         // Grid steps are named with their time.
-        let stepped = DerivedCost { grid_steps: 1000.0, ..cost(0.0, 76.5e9) };
+        let stepped = DerivedCost {
+            grid_steps: 1000.0,
+            ..cost(0.0, 76.5e9)
+        };
         let r = judge(1.0, (&stepped, &roofline(&stepped, g)), (&base, &rb));
-        assert!(r.message.contains("+ 1000 grid steps = 430.0µs"), "{}", r.message);
+        assert!(
+            r.message.contains("+ 1000 grid steps = 430.0µs"),
+            "{}",
+            r.message
+        );
         // A NaN time never passes.
         let nan = cost(0.0, f64::NAN);
         assert!(!judge(10.0, (&nan, &roofline(&nan, g)), (&base, &rb)).passed);

@@ -34,9 +34,15 @@ fn unit_roundoff(dtype: DType) -> f64 {
 pub fn invariance_tolerance(case: &Case, output: OutputName) -> Tolerance {
     let tol = tolerance(case.tier, DType::F32, output);
     match output {
-        OutputName::Dlogits | OutputName::Dhidden | OutputName::DlmHead if case.dtype != DType::F32 => {
+        OutputName::Dlogits | OutputName::Dhidden | OutputName::DlmHead
+            if case.dtype != DType::F32 =>
+        {
             let one_ulp = 2.0 * unit_roundoff(case.dtype) * super::tiers::scale();
-            Tolerance { norm_rel: one_ulp, max_rel: one_ulp, floor: tol.floor }
+            Tolerance {
+                norm_rel: one_ulp,
+                max_rel: one_ulp,
+                floor: tol.floor,
+            }
         }
         _ => tol,
     }
@@ -44,7 +50,13 @@ pub fn invariance_tolerance(case: &Case, output: OutputName) -> Tolerance {
 
 /// One report per output of `reference` (the one-device run): `got` (the multi-device
 /// run) against it. Outputs the implementation does not provide are skipped.
-pub fn judge_invariance(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs, reference: &Outputs) -> Vec<GateReport> {
+pub fn judge_invariance(
+    case: &Case,
+    inputs: &Inputs,
+    oracle: &Oracle,
+    got: &Outputs,
+    reference: &Outputs,
+) -> Vec<GateReport> {
     let tier = format!("{}/{} vs 1 device", case.tier, case.dtype);
     let mut reports = Vec::new();
     for (&name, want) in &reference.tensors {
@@ -52,11 +64,22 @@ pub fn judge_invariance(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Out
         let t = match got.get(name) {
             Some(t) if t.shape == want.shape => t,
             Some(t) => {
-                reports.push(fail(name, tier.clone(), format!("shape {:?}, the one-device run gave {:?}", t.shape, want.shape)));
+                reports.push(fail(
+                    name,
+                    tier.clone(),
+                    format!(
+                        "shape {:?}, the one-device run gave {:?}",
+                        t.shape, want.shape
+                    ),
+                ));
                 continue;
             }
             None => {
-                reports.push(fail(name, tier.clone(), "missing from the multi-device outputs".into()));
+                reports.push(fail(
+                    name,
+                    tier.clone(),
+                    "missing from the multi-device outputs".into(),
+                ));
                 continue;
             }
         };
@@ -64,18 +87,38 @@ pub fn judge_invariance(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Out
         let report = match name {
             OutputName::Loss => {
                 let mut acc = Acc::default();
-                acc.add(0, t.data[0], want.data[0] as f64, oracle.loss_scale, tol.floor);
+                acc.add(
+                    0,
+                    t.data[0],
+                    want.data[0] as f64,
+                    oracle.loss_scale,
+                    tol.floor,
+                );
                 acc.report(name, &t.shape, tol, tier.clone())
             }
-            OutputName::Kl if case.knobs.beta == 0.0 => {
-                unjudged(name, tol, tier.clone(), "kl: not compared (β = 0 leaves ref_logp unread)".into())
-            }
+            OutputName::Kl if case.knobs.beta == 0.0 => unjudged(
+                name,
+                tol,
+                tier.clone(),
+                "kl: not compared (β = 0 leaves ref_logp unread)".into(),
+            ),
             OutputName::Clipped => clipped(inputs, oracle, t, want, tier.clone()),
             OutputName::PerTokenLogp | OutputName::Entropy => {
-                per_token(t, &widen(want), &oracle.scale_logp, |_| true, tol).report(name, &t.shape, tol, tier.clone())
+                per_token(t, &widen(want), &oracle.scale_logp, |_| true, tol).report(
+                    name,
+                    &t.shape,
+                    tol,
+                    tier.clone(),
+                )
             }
-            OutputName::PerTokenLoss => per_token(t, &widen(want), &oracle.scale_loss, masked, tol).report(name, &t.shape, tol, tier.clone()),
-            OutputName::Kl => per_token(t, &widen(want), &oracle.scale_kl, masked, tol).report(name, &t.shape, tol, tier.clone()),
+            OutputName::PerTokenLoss => per_token(t, &widen(want), &oracle.scale_loss, masked, tol)
+                .report(name, &t.shape, tol, tier.clone()),
+            OutputName::Kl => per_token(t, &widen(want), &oracle.scale_kl, masked, tol).report(
+                name,
+                &t.shape,
+                tol,
+                tier.clone(),
+            ),
             OutputName::Dlogits | OutputName::Dhidden | OutputName::DlmHead => {
                 let mut acc = Acc::default();
                 for (i, (&x, &w)) in t.data.iter().zip(&want.data).enumerate() {
@@ -93,8 +136,18 @@ fn widen(t: &OutTensor) -> Vec<f64> {
     t.data.iter().map(|&x| x as f64).collect()
 }
 
-fn clipped(inputs: &Inputs, oracle: &Oracle, t: &OutTensor, want: &OutTensor, tier: String) -> GateReport {
-    let tol = Tolerance { norm_rel: 0.0, max_rel: 0.0, floor: 0.0 };
+fn clipped(
+    inputs: &Inputs,
+    oracle: &Oracle,
+    t: &OutTensor,
+    want: &OutTensor,
+    tier: String,
+) -> GateReport {
+    let tol = Tolerance {
+        norm_rel: 0.0,
+        max_rel: 0.0,
+        floor: 0.0,
+    };
     let mut n = 0;
     let mut wrong = Vec::new();
     for i in 0..t.data.len() {
@@ -107,11 +160,21 @@ fn clipped(inputs: &Inputs, oracle: &Oracle, t: &OutTensor, want: &OutTensor, ti
         }
     }
     match wrong.first() {
-        None => GateReport { compared: n, message: format!("clipped: identical over {n} ({tier})"), ..unjudged(OutputName::Clipped, tol, tier, String::new()) },
+        None => GateReport {
+            compared: n,
+            message: format!("clipped: identical over {n} ({tier})"),
+            ..unjudged(OutputName::Clipped, tol, tier, String::new())
+        },
         Some(&i) => fail(
             OutputName::Clipped,
             tier,
-            format!("{} of {n} tokens differ; first at {}: got {}, one device {}", wrong.len(), index(&t.shape, i), t.data[i], want.data[i]),
+            format!(
+                "{} of {n} tokens differ; first at {}: got {}, one device {}",
+                wrong.len(),
+                index(&t.shape, i),
+                t.data[i],
+                want.data[i]
+            ),
         ),
     }
 }
@@ -130,13 +193,26 @@ mod tests {
         let oracle = Oracle::new(&case, &inputs);
         // The oracle's outputs as the "one-device run" (gradients rounded to bf16).
         let one = crate::backends::reference::oracle_outputs(&case, &inputs);
-        assert!(judge_invariance(&case, &inputs, &oracle, &one, &one).iter().all(|g| g.passed));
+        assert!(judge_invariance(&case, &inputs, &oracle, &one, &one)
+            .iter()
+            .all(|g| g.passed));
 
         let mut flip = one.clone();
         let d = flip.tensors.get_mut(&OutputName::Dlogits).unwrap();
-        let j = d.data.iter().enumerate().max_by(|a, b| a.1.abs().total_cmp(&b.1.abs())).unwrap().0;
+        let j = d
+            .data
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+            .unwrap()
+            .0;
         d.data[j] = half::bf16::from_bits(half::bf16::from_f32(d.data[j]).to_bits() + 1).to_f32();
-        assert!(judge_invariance(&case, &inputs, &oracle, &flip, &one).iter().all(|g| g.passed), "one ulp");
+        assert!(
+            judge_invariance(&case, &inputs, &oracle, &flip, &one)
+                .iter()
+                .all(|g| g.passed),
+            "one ulp"
+        );
 
         let mut lost = one.clone();
         let d = lost.tensors.get_mut(&OutputName::Dlogits).unwrap();
@@ -144,11 +220,18 @@ mod tests {
             *x = 0.0; // the first vocab shard's columns of row 0, as if it never contributed
         }
         let r = judge_invariance(&case, &inputs, &oracle, &lost, &one);
-        assert!(r.iter().any(|g| g.output == OutputName::Dlogits && !g.passed), "{r:?}");
+        assert!(
+            r.iter()
+                .any(|g| g.output == OutputName::Dlogits && !g.passed),
+            "{r:?}"
+        );
 
         let mut loss = one.clone();
         loss.tensors.get_mut(&OutputName::Loss).unwrap().data[0] *= 1.0 + 1e-3;
         let r = judge_invariance(&case, &inputs, &oracle, &loss, &one);
-        assert!(r.iter().any(|g| g.output == OutputName::Loss && !g.passed), "{r:?}");
+        assert!(
+            r.iter().any(|g| g.output == OutputName::Loss && !g.passed),
+            "{r:?}"
+        );
     }
 }

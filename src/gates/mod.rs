@@ -14,9 +14,9 @@ use crate::inputs::Inputs;
 use crate::oracle::Oracle;
 use crate::outputs::{OutTensor, Outputs};
 use crate::spec::{Level, OutputName};
+pub use invariance::judge_invariance;
 use rayon::prelude::*;
 use serde::Serialize;
-pub use invariance::judge_invariance;
 pub use tiers::{tolerance, Tolerance};
 
 /// The verdict of one output.
@@ -78,7 +78,17 @@ struct Acc {
 
 impl Default for Acc {
     fn default() -> Self {
-        Acc { n: 0, d2: 0.0, r2: 0.0, s2: 0.0, rinf: 0.0, dmax: 0.0, excess: f64::NEG_INFINITY, worst: None, nonfinite: None }
+        Acc {
+            n: 0,
+            d2: 0.0,
+            r2: 0.0,
+            s2: 0.0,
+            rinf: 0.0,
+            dmax: 0.0,
+            excess: f64::NEG_INFINITY,
+            worst: None,
+            nonfinite: None,
+        }
     }
 }
 
@@ -122,7 +132,13 @@ impl Acc {
         self
     }
 
-    fn report(&self, output: OutputName, shape: &[usize], tol: Tolerance, tier: String) -> GateReport {
+    fn report(
+        &self,
+        output: OutputName,
+        shape: &[usize],
+        tol: Tolerance,
+        tier: String,
+    ) -> GateReport {
         let norm_err = if self.r2 > 0.0 {
             (self.d2 / self.r2).sqrt()
         } else if self.d2 == 0.0 {
@@ -139,24 +155,51 @@ impl Acc {
         let norm_bound = tol.norm_rel * self.r2.sqrt() + tol.floor * self.s2.sqrt();
         if self.d2.sqrt() > norm_bound {
             passed = false;
-            why.push(format!("norm error {:.3e} > bound {:.3e}", self.d2.sqrt(), norm_bound));
+            why.push(format!(
+                "norm error {:.3e} > bound {:.3e}",
+                self.d2.sqrt(),
+                norm_bound
+            ));
         }
         let max_bound = tol.max_rel * self.rinf;
         if self.excess > max_bound {
             passed = false;
-            why.push(format!("worst element exceeds its bound by {:.3e} (max_rel·‖ref‖∞ = {:.3e})", self.excess, max_bound));
+            why.push(format!(
+                "worst element exceeds its bound by {:.3e} (max_rel·‖ref‖∞ = {:.3e})",
+                self.excess, max_bound
+            ));
         }
         let worst = match self.worst {
             Some((i, g, w)) => format!("worst at {}: got {g:.9e}, want {w:.9e}", index(shape, i)),
             None => "no finite element".into(),
         };
         let message = if passed {
-            format!("{output}: ok, rel {norm_err:.2e}, max {:.2e} over {} ({tier})", self.dmax, self.n)
+            format!(
+                "{output}: ok, rel {norm_err:.2e}, max {:.2e} over {} ({tier})",
+                self.dmax, self.n
+            )
         } else {
             format!("{output}: FAIL {}; {worst}; tier {tier}", why.join("; "))
         };
-        let bound_used = if norm_bound > 0.0 { self.d2.sqrt() / norm_bound } else if self.d2 == 0.0 { 0.0 } else { f64::INFINITY };
-        GateReport { output, passed, norm_err, max_abs_err: self.dmax, compared: self.n, bound_used, tolerance: tol, tier, message, provided: true }
+        let bound_used = if norm_bound > 0.0 {
+            self.d2.sqrt() / norm_bound
+        } else if self.d2 == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        };
+        GateReport {
+            output,
+            passed,
+            norm_err,
+            max_abs_err: self.dmax,
+            compared: self.n,
+            bound_used,
+            tolerance: tol,
+            tier,
+            message,
+            provided: true,
+        }
     }
 }
 
@@ -181,7 +224,11 @@ fn fail(output: OutputName, tier: String, message: String) -> GateReport {
         max_abs_err: f64::NAN,
         compared: 0,
         bound_used: f64::NAN,
-        tolerance: Tolerance { norm_rel: 0.0, max_rel: 0.0, floor: 0.0 },
+        tolerance: Tolerance {
+            norm_rel: 0.0,
+            max_rel: 0.0,
+            floor: 0.0,
+        },
         tier,
         message: format!("{output}: FAIL {message}"),
         provided: true,
@@ -208,7 +255,18 @@ pub fn expected_shapes(case: &Case) -> Vec<(OutputName, Vec<usize>)> {
 
 /// A passing report of an output whose values are not compared (the message says why).
 fn unjudged(output: OutputName, tolerance: Tolerance, tier: String, message: String) -> GateReport {
-    GateReport { output, passed: true, norm_err: 0.0, max_abs_err: 0.0, compared: 0, bound_used: 0.0, tolerance, tier, message, provided: true }
+    GateReport {
+        output,
+        passed: true,
+        norm_err: 0.0,
+        max_abs_err: 0.0,
+        compared: 0,
+        bound_used: 0.0,
+        tolerance,
+        tier,
+        message,
+        provided: true,
+    }
 }
 
 /// Judges every output of `got` for `case`; one report per expected output.
@@ -219,26 +277,50 @@ pub fn judge(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs) -> Ve
         let tier = format!("{}/{}", case.tier, case.dtype);
         if got.not_provided.contains(&name) {
             let message = format!("{name}: not provided by the implementation (not gated)");
-            reports.push(GateReport { provided: false, ..unjudged(name, tol, tier, message) });
+            reports.push(GateReport {
+                provided: false,
+                ..unjudged(name, tol, tier, message)
+            });
             continue;
         }
         let t = match got.get(name) {
             None => {
-                reports.push(fail(name, tier, "missing from the implementation's outputs".into()));
+                reports.push(fail(
+                    name,
+                    tier,
+                    "missing from the implementation's outputs".into(),
+                ));
                 continue;
             }
             Some(t) => t,
         };
         if t.shape != shape || t.data.len() != shape.iter().product::<usize>() {
-            reports.push(fail(name, tier, format!("shape {:?} ({} elements), expected {shape:?}", t.shape, t.data.len())));
+            reports.push(fail(
+                name,
+                tier,
+                format!(
+                    "shape {:?} ({} elements), expected {shape:?}",
+                    t.shape,
+                    t.data.len()
+                ),
+            ));
             continue;
         }
         if name == OutputName::Kl && case.knobs.beta == 0.0 {
             // Not judged: with β = 0 ref_logp is unread, kl is whatever the kernel writes,
             // but it must still be finite.
             reports.push(match t.data.iter().position(|x| !x.is_finite()) {
-                Some(i) => fail(name, tier, format!("non-finite value at {} (β = 0)", index(&shape, i))),
-                None => unjudged(name, tol, tier, "kl: finite; values not judged (β = 0 leaves ref_logp unread)".into()),
+                Some(i) => fail(
+                    name,
+                    tier,
+                    format!("non-finite value at {} (β = 0)", index(&shape, i)),
+                ),
+                None => unjudged(
+                    name,
+                    tol,
+                    tier,
+                    "kl: finite; values not judged (β = 0 leaves ref_logp unread)".into(),
+                ),
             });
             continue;
         }
@@ -250,18 +332,41 @@ pub fn judge(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs) -> Ve
             }
             OutputName::Clipped => judge_clipped(case, inputs, oracle, t, tier),
             OutputName::PerTokenLogp | OutputName::Entropy => {
-                let want = if name == OutputName::Entropy { oracle.entropy() } else { oracle.per_token_logp() };
-                per_token(t, want, &oracle.scale_logp, |_| true, tol).report(name, &shape, tol, tier)
+                let want = if name == OutputName::Entropy {
+                    oracle.entropy()
+                } else {
+                    oracle.per_token_logp()
+                };
+                per_token(t, want, &oracle.scale_logp, |_| true, tol)
+                    .report(name, &shape, tol, tier)
             }
-            OutputName::PerTokenLoss => per_token(t, &oracle.per_token_loss, &oracle.scale_loss, |i| inputs.mask[i] != 0.0, tol)
-                .report(name, &shape, tol, tier),
-            OutputName::Kl => per_token(t, &oracle.kl, &oracle.scale_kl, |i| inputs.mask[i] != 0.0, tol)
-                .report(name, &shape, tol, tier),
-            OutputName::Dlogits => judge_dlogits(case, inputs, oracle, t, tol).report(name, &shape, tol, tier),
+            OutputName::PerTokenLoss => per_token(
+                t,
+                &oracle.per_token_loss,
+                &oracle.scale_loss,
+                |i| inputs.mask[i] != 0.0,
+                tol,
+            )
+            .report(name, &shape, tol, tier),
+            OutputName::Kl => per_token(
+                t,
+                &oracle.kl,
+                &oracle.scale_kl,
+                |i| inputs.mask[i] != 0.0,
+                tol,
+            )
+            .report(name, &shape, tol, tier),
+            OutputName::Dlogits => {
+                judge_dlogits(case, inputs, oracle, t, tol).report(name, &shape, tol, tier)
+            }
             OutputName::Dhidden | OutputName::DlmHead => {
                 // Computed once per oracle (so once per prepared case), shared by every trial.
                 let g = oracle.fused_grads(case, inputs);
-                let want = if name == OutputName::Dhidden { &g.dhidden } else { &g.dlm_head };
+                let want = if name == OutputName::Dhidden {
+                    &g.dhidden
+                } else {
+                    &g.dlm_head
+                };
                 let mut acc = Acc::default();
                 for (i, (&x, &w)) in t.data.iter().zip(want.iter()).enumerate() {
                     acc.add(i, x, w, 0.0, 0.0);
@@ -274,7 +379,13 @@ pub fn judge(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs) -> Ve
     reports
 }
 
-fn per_token(t: &OutTensor, want: &[f64], scale: &[f64], include: impl Fn(usize) -> bool, tol: Tolerance) -> Acc {
+fn per_token(
+    t: &OutTensor,
+    want: &[f64],
+    scale: &[f64],
+    include: impl Fn(usize) -> bool,
+    tol: Tolerance,
+) -> Acc {
     let mut acc = Acc::default();
     for (i, (&x, &w)) in t.data.iter().zip(want).enumerate() {
         if include(i) {
@@ -286,13 +397,23 @@ fn per_token(t: &OutTensor, want: &[f64], scale: &[f64], include: impl Fn(usize)
     acc
 }
 
-fn judge_clipped(case: &Case, inputs: &Inputs, oracle: &Oracle, t: &OutTensor, tier: String) -> GateReport {
+fn judge_clipped(
+    case: &Case,
+    inputs: &Inputs,
+    oracle: &Oracle,
+    t: &OutTensor,
+    tier: String,
+) -> GateReport {
     let shape = vec![case.shape.b, case.shape.t];
     let mut wrong = Vec::new();
     let mut n = 0;
     for (i, &x) in t.data.iter().enumerate() {
         if !(x == 0.0 || x == 1.0) {
-            return fail(OutputName::Clipped, tier, format!("value {x} at {} is not 0 or 1", index(&shape, i)));
+            return fail(
+                OutputName::Clipped,
+                tier,
+                format!("value {x} at {} is not 0 or 1", index(&shape, i)),
+            );
         }
         if inputs.mask[i] == 0.0 || oracle.clipped_ambiguous[i] {
             continue;
@@ -302,7 +423,11 @@ fn judge_clipped(case: &Case, inputs: &Inputs, oracle: &Oracle, t: &OutTensor, t
             wrong.push(i);
         }
     }
-    let tol = Tolerance { norm_rel: 0.0, max_rel: 0.0, floor: 0.0 };
+    let tol = Tolerance {
+        norm_rel: 0.0,
+        max_rel: 0.0,
+        floor: 0.0,
+    };
     match wrong.first() {
         None => GateReport {
             output: OutputName::Clipped,
@@ -330,7 +455,13 @@ fn judge_clipped(case: &Case, inputs: &Inputs, oracle: &Oracle, t: &OutTensor, t
     }
 }
 
-fn judge_dlogits(case: &Case, inputs: &Inputs, oracle: &Oracle, t: &OutTensor, tol: Tolerance) -> Acc {
+fn judge_dlogits(
+    case: &Case,
+    inputs: &Inputs,
+    oracle: &Oracle,
+    t: &OutTensor,
+    tol: Tolerance,
+) -> Acc {
     let v = case.shape.v;
     (0..case.shape.rows())
         .into_par_iter()
@@ -350,7 +481,11 @@ fn judge_dlogits(case: &Case, inputs: &Inputs, oracle: &Oracle, t: &OutTensor, t
                 match oracle.g_alt[r] {
                     Some(g2) => {
                         let b = row_acc(g2, want);
-                        if b.d2 < a.d2 { b } else { a }
+                        if b.d2 < a.d2 {
+                            b
+                        } else {
+                            a
+                        }
                     }
                     None => a,
                 }
@@ -366,10 +501,16 @@ mod tests {
     #[test]
     fn a_failed_gate_with_nan_errors_survives_a_json_round_trip() {
         // Found when a wrong external kernel failed `clipped`: the record could not be read back.
-        let r = fail(OutputName::Clipped, "standard/bf16".into(), "3 of 16 flags differ".into());
+        let r = fail(
+            OutputName::Clipped,
+            "standard/bf16".into(),
+            "3 of 16 flags differ".into(),
+        );
         let text = serde_json::to_string(&r).unwrap();
         assert!(text.contains("\"norm_err\":null"), "{text}");
         let back: GateReport = serde_json::from_str(&text).unwrap();
-        assert!(back.norm_err.is_nan() && back.max_abs_err.is_nan() && !back.passed && back.provided);
+        assert!(
+            back.norm_err.is_nan() && back.max_abs_err.is_nan() && !back.passed && back.provided
+        );
     }
 }

@@ -39,7 +39,11 @@ pub fn scale() -> f64 {
 /// The tolerance of `output` for a case of `dtype` in `tier`.
 pub fn tolerance(tier: TierName, dtype: DType, output: OutputName) -> Tolerance {
     use OutputName::*;
-    let t = |norm_rel, max_rel, floor| Tolerance { norm_rel, max_rel, floor };
+    let t = |norm_rel, max_rel, floor| Tolerance {
+        norm_rel,
+        max_rel,
+        floor,
+    };
     let base = match output {
         Loss => t(1e-5, 1e-5, 1e-5),
         PerTokenLogp | PerTokenLoss | Kl | Entropy => t(1e-5, 1e-4, 1e-5),
@@ -54,7 +58,11 @@ pub fn tolerance(tier: TierName, dtype: DType, output: OutputName) -> Tolerance 
         TierName::Standard => 1.0,
         TierName::Loose => 10.0,
     } * env_scale();
-    Tolerance { norm_rel: base.norm_rel * k, max_rel: base.max_rel * k, floor: base.floor * k }
+    Tolerance {
+        norm_rel: base.norm_rel * k,
+        max_rel: base.max_rel * k,
+        floor: base.floor * k,
+    }
 }
 
 fn env_scale() -> f64 {
@@ -73,12 +81,23 @@ mod tests {
         // One rounding of each dtype must fit with room to spare; f32 must stay tight.
         let bf16_ulp = 2f64.powi(-9);
         let f16_ulp = 2f64.powi(-11);
-        assert!(tolerance(TierName::Standard, DType::Bf16, OutputName::Dlogits).max_rel > 2.0 * bf16_ulp);
-        assert!(tolerance(TierName::Standard, DType::F16, OutputName::Dlogits).max_rel > 2.0 * f16_ulp);
-        assert!(tolerance(TierName::Standard, DType::F32, OutputName::Dlogits).max_rel < bf16_ulp / 10.0);
+        assert!(
+            tolerance(TierName::Standard, DType::Bf16, OutputName::Dlogits).max_rel
+                > 2.0 * bf16_ulp
+        );
+        assert!(
+            tolerance(TierName::Standard, DType::F16, OutputName::Dlogits).max_rel > 2.0 * f16_ulp
+        );
+        assert!(
+            tolerance(TierName::Standard, DType::F32, OutputName::Dlogits).max_rel
+                < bf16_ulp / 10.0
+        );
         // Per-token outputs never depend on the input dtype.
         for o in OutputName::PER_TOKEN {
-            assert_eq!(tolerance(TierName::Standard, DType::Bf16, o), tolerance(TierName::Standard, DType::F32, o));
+            assert_eq!(
+                tolerance(TierName::Standard, DType::Bf16, o),
+                tolerance(TierName::Standard, DType::F32, o)
+            );
         }
     }
 }

@@ -31,14 +31,15 @@ pub fn zeroed_f32(n: usize) -> Vec<f32> {
     let mut v = vec![0f32; n];
     if std::mem::size_of_val(v.as_slice()) >= MIN_ADVISED_BYTES {
         advise_huge(&v);
-        v.par_chunks_mut(HUGE_BYTES / std::mem::size_of::<f32>()).for_each(|c| {
-            for x in c.iter_mut().step_by(PAGE_ELEMS) {
-                // Volatile: the store must happen (a compiler may know calloc'd memory is
-                // zero already and drop a plain store of zero).
-                // SAFETY: `x` is a valid, aligned, exclusive reference to an f32.
-                unsafe { std::ptr::write_volatile(x, 0.0) };
-            }
-        });
+        v.par_chunks_mut(HUGE_BYTES / std::mem::size_of::<f32>())
+            .for_each(|c| {
+                for x in c.iter_mut().step_by(PAGE_ELEMS) {
+                    // Volatile: the store must happen (a compiler may know calloc'd memory is
+                    // zero already and drop a plain store of zero).
+                    // SAFETY: `x` is a valid, aligned, exclusive reference to an f32.
+                    unsafe { std::ptr::write_volatile(x, 0.0) };
+                }
+            });
     }
     v
 }

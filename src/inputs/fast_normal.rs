@@ -116,7 +116,11 @@ fn cos_turn<const FMA: bool>(t: f64) -> f64 {
     const H3: f64 = 3.0 * H1;
     const L3: f64 = 3.0 * L1;
     // cos t = sin(π/2 − t) = sin(t − 3π/2), with |w| ≤ π/2 either way.
-    let w = if t < std::f64::consts::PI { (H1 - t) + L1 } else { (t - H3) - L3 };
+    let w = if t < std::f64::consts::PI {
+        (H1 - t) + L1
+    } else {
+        (t - H3) - L3
+    };
     let z = w * w;
     // sin w = w·(1 − z/3! + z²/5! − ... − z⁸/17!).
     let mut p = 1.0 / 355687428096000.0;
@@ -142,7 +146,11 @@ fn uniform<const FMA: bool>(key: u64, c: u64) -> f64 {
 /// a fused or unfused a·2⁻⁵³ + 2⁻⁵⁴ rounds once, to fl(a + ½)·2⁻⁵³.
 #[inline(always)]
 fn unit_of_bits<const FMA: bool>(a: u64) -> f64 {
-    madd::<FMA>(a as f64, 1.0 / (1u64 << 53) as f64, 1.0 / (1u64 << 54) as f64)
+    madd::<FMA>(
+        a as f64,
+        1.0 / (1u64 << 53) as f64,
+        1.0 / (1u64 << 54) as f64,
+    )
 }
 
 /// An approximation x̃ of `Stream::normal(i)` for the stream with `key`, and a radius
@@ -156,7 +164,14 @@ fn approx<const FMA: bool>(key: u64, i: u64) -> (f64, f64) {
     let x = s * c;
     // The smallest normal keeps ρ > 0 when x̃ = ±0 (u₁ = 1), so a zero of the other sign
     // is inside the interval too (in the total order, −0 < +0).
-    (x, madd::<FMA>(REL_RADIUS, x.abs(), madd::<FMA>(ABS_RADIUS, s, f64::MIN_POSITIVE)))
+    (
+        x,
+        madd::<FMA>(
+            REL_RADIUS,
+            x.abs(),
+            madd::<FMA>(ABS_RADIUS, s, f64::MIN_POSITIVE),
+        ),
+    )
 }
 
 /// [`approx`] of `stream`'s element `i` (for tests and experiments).
@@ -185,7 +200,9 @@ pub fn fill<F: Fn(f64, u64) -> f32>(stream: &Stream, start: u64, out: &mut [f32]
             return unsafe { simd::fill_avx2(key, stream, start, out, &map) };
         }
     }
-    fill_impl::<F, { cfg!(any(target_feature = "fma", target_arch = "aarch64")) }>(key, stream, start, out, &map)
+    fill_impl::<F, { cfg!(any(target_feature = "fma", target_arch = "aarch64")) }>(
+        key, stream, start, out, &map,
+    )
 }
 
 /// [`fill`] by the scalar path only (the definition; for tests and comparisons).
@@ -281,7 +298,13 @@ mod tests {
     #[test]
     fn ln_and_cos_meet_their_stated_bounds_at_the_hard_inputs() {
         // ln u near 1 (cancellation), at the range split √½, and at the smallest uniform.
-        let mut us = vec![1.0, 0.5 * 2f64.powi(-53), 2f64.powi(-54), 0.5, std::f64::consts::FRAC_1_SQRT_2];
+        let mut us = vec![
+            1.0,
+            0.5 * 2f64.powi(-53),
+            2f64.powi(-54),
+            0.5,
+            std::f64::consts::FRAC_1_SQRT_2,
+        ];
         for k in 1..2000 {
             us.push(1.0 - k as f64 * 2f64.powi(-53));
             us.push(next_up(std::f64::consts::FRAC_1_SQRT_2, k - 1000));
@@ -289,23 +312,44 @@ mod tests {
         }
         for u in us {
             let (a, b) = (ln_unit::<true>(u), u.ln());
-            assert!((a - b).abs() <= 3.6e-14 * b.abs(), "ln {u:e}: {a:e} vs {b:e}");
+            assert!(
+                (a - b).abs() <= 3.6e-14 * b.abs(),
+                "ln {u:e}: {a:e} vs {b:e}"
+            );
             let a = ln_unit::<false>(u);
-            assert!((a - b).abs() <= 3.6e-14 * b.abs(), "ln (no fma) {u:e}: {a:e} vs {b:e}");
+            assert!(
+                (a - b).abs() <= 3.6e-14 * b.abs(),
+                "ln (no fma) {u:e}: {a:e} vs {b:e}"
+            );
         }
         // cos t near its zeros π/2, 3π/2, near π (the split) and at both ends of (0, 2π].
         let c = std::f64::consts::FRAC_PI_2;
         let mut ts = vec![2f64.powi(-60), std::f64::consts::TAU];
         for k in -3000..3000 {
-            for t in [c, 3.0 * c, std::f64::consts::PI, std::f64::consts::TAU, 1e-3] {
+            for t in [
+                c,
+                3.0 * c,
+                std::f64::consts::PI,
+                std::f64::consts::TAU,
+                1e-3,
+            ] {
                 ts.push(next_up(t, k));
             }
         }
-        for t in ts.into_iter().filter(|&t| t > 0.0 && t <= std::f64::consts::TAU) {
+        for t in ts
+            .into_iter()
+            .filter(|&t| t > 0.0 && t <= std::f64::consts::TAU)
+        {
             let (a, b) = (cos_turn::<true>(t), t.cos());
-            assert!((a - b).abs() <= 4.5e-14 * b.abs() + 4.2e-26, "cos {t:e}: {a:e} vs {b:e}");
+            assert!(
+                (a - b).abs() <= 4.5e-14 * b.abs() + 4.2e-26,
+                "cos {t:e}: {a:e} vs {b:e}"
+            );
             let a = cos_turn::<false>(t);
-            assert!((a - b).abs() <= 4.5e-14 * b.abs() + 4.2e-26, "cos (no fma) {t:e}: {a:e} vs {b:e}");
+            assert!(
+                (a - b).abs() <= 4.5e-14 * b.abs() + 4.2e-26,
+                "cos (no fma) {t:e}: {a:e} vs {b:e}"
+            );
         }
     }
 
@@ -317,7 +361,12 @@ mod tests {
         let top = (1u64 << 53) - 1;
         let mut edges: Vec<u64> = vec![0, 1, 2, 3, top, top - 1, top - 2];
         for k in 0..1000u64 {
-            edges.extend([(1 << 52) + k, (1 << 52) - 1 - k, top - 1000 - k, k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11]);
+            edges.extend([
+                (1 << 52) + k,
+                (1 << 52) - 1 - k,
+                top - 1000 - k,
+                k.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11,
+            ]);
         }
         for a in edges {
             let want = reference(a).to_bits();
@@ -341,7 +390,10 @@ mod tests {
                 let (x, rho) = approx_normal(&st, i);
                 let e = st.normal(i);
                 let err = (x - e).abs();
-                assert!(err < rho / 4.0, "{name}[{i}]: fast {x:e}, exact {e:e}, radius {rho:e}");
+                assert!(
+                    err < rho / 4.0,
+                    "{name}[{i}]: fast {x:e}, exact {e:e}, radius {rho:e}"
+                );
                 worst = worst.max(err / x.abs());
             }
         }
@@ -360,19 +412,27 @@ mod tests {
             ("0.01x", Box::new(|x, _| (0.01 * x) as f32)),
             ("-3x", Box::new(|x, _| (-3.0 * x) as f32)),
             ("0x", Box::new(|x, _| (0.0 * x) as f32)),
-            ("±30+x", Box::new(|x, i| ((if sg.bits(i) & 1 == 0 { 30.0 } else { -30.0 }) + x) as f32)),
+            (
+                "±30+x",
+                Box::new(|x, i| ((if sg.bits(i) & 1 == 0 { 30.0 } else { -30.0 }) + x) as f32),
+            ),
         ];
         for (name, map) in maps {
             let (mut fast, mut exact) = (vec![0f32; n], vec![0f32; n]);
             let start = 12345;
             let fallbacks = fill(&st, start, &mut fast, &map);
             fill_exact(&st, start, &mut exact, &map);
-            let differ = (0..n).filter(|&i| fast[i].to_bits() != exact[i].to_bits()).count();
+            let differ = (0..n)
+                .filter(|&i| fast[i].to_bits() != exact[i].to_bits())
+                .count();
             assert_eq!(differ, 0, "{name}: {differ} elements differ");
             // Every map but 0·x (whose sign only flips at the deviate's zeros) has f32
             // rounding boundaries near some deviates: the fallback must have been taken.
             if name != "0x" {
-                assert!(fallbacks > 0 && fallbacks < n / 1000, "{name}: {fallbacks} fallbacks");
+                assert!(
+                    fallbacks > 0 && fallbacks < n / 1000,
+                    "{name}: {fallbacks} fallbacks"
+                );
             }
         }
     }
@@ -386,13 +446,20 @@ mod tests {
         let i = 6_088_024;
         let (x, rho) = approx_normal(&st, i);
         let exact = st.normal(i);
-        assert_ne!((x as f32).to_bits(), (exact as f32).to_bits(), "fast {x:e} exact {exact:e}");
+        assert_ne!(
+            (x as f32).to_bits(),
+            (exact as f32).to_bits(),
+            "fast {x:e} exact {exact:e}"
+        );
         assert_ne!(((x - rho) as f32).to_bits(), ((x + rho) as f32).to_bits());
         let mut out = [0f32; 3];
         let fallbacks = fill(&st, i - 1, &mut out, |x, _| x as f32);
         assert_eq!(out[1].to_bits(), (exact as f32).to_bits());
         assert_eq!(fallbacks, 1);
-        eprintln!("element {i}: fast {x:.17e} -> {:e}, exact {exact:.17e} -> {:e}", x as f32, exact as f32);
+        eprintln!(
+            "element {i}: fast {x:.17e} -> {:e}, exact {exact:.17e} -> {:e}",
+            x as f32, exact as f32
+        );
     }
 
     /// Each compiled copy of the kernel (portable with and without fused multiply-adds,
@@ -426,4 +493,3 @@ mod tests {
         }
     }
 }
-

@@ -18,10 +18,20 @@ use rayon::prelude::*;
 /// DEFAULT_CHUNK)` on the finished inputs) and how many deviates took the exact scalar
 /// path. `chosen_ids` and `mask` are the case's own ([B,T] each): the chosen logit of a
 /// row depends on them. Rows are shared among the rayon threads.
-pub fn fill(case: &Case, chosen_ids: &[i32], mask: &[f32], path: NormalPath, out: &mut [f32]) -> (TokenStats, u64) {
+pub fn fill(
+    case: &Case,
+    chosen_ids: &[i32],
+    mask: &[f32],
+    path: NormalPath,
+    out: &mut [f32],
+) -> (TokenStats, u64) {
     let (rows, v) = (case.shape.rows(), case.shape.v);
     assert_eq!(out.len(), rows * v, "{}: logits buffer", case.id);
-    assert!(chosen_ids.len() == rows && mask.len() == rows, "{}: chosen_ids and mask are [B,T]", case.id);
+    assert!(
+        chosen_ids.len() == rows && mask.len() == rows,
+        "{}: chosen_ids and mask are [B,T]",
+        case.id
+    );
     let id = case.data_id();
     let dt = case.dtype;
     let sigma = sigma(case.profile);
@@ -63,5 +73,8 @@ pub fn fill(case: &Case, chosen_ids: &[i32], mask: &[f32], path: NormalPath, out
         })
         .collect();
     let stats: Vec<row::RowStats> = per_row.iter().map(|&(s, _)| s).collect();
-    (TokenStats::from_rows(&stats), per_row.iter().map(|&(_, f)| f).sum())
+    (
+        TokenStats::from_rows(&stats),
+        per_row.iter().map(|&(_, f)| f).sum(),
+    )
 }

@@ -90,8 +90,12 @@ fn fill_normals(
 ) -> u64 {
     (match (path, dt) {
         (NormalPath::Fast, DType::F32) => fast_normal::fill(stream, start, out, &map),
-        (NormalPath::Fast, DType::Bf16) => fast_normal::fill(stream, start, out, |x, i| round::bf16(map(x, i))),
-        (NormalPath::Fast, DType::F16) => fast_normal::fill(stream, start, out, |x, i| round::f16(map(x, i))),
+        (NormalPath::Fast, DType::Bf16) => {
+            fast_normal::fill(stream, start, out, |x, i| round::bf16(map(x, i)))
+        }
+        (NormalPath::Fast, DType::F16) => {
+            fast_normal::fill(stream, start, out, |x, i| round::f16(map(x, i)))
+        }
         (NormalPath::Exact, _) => {
             fast_normal::fill_exact(stream, start, out, |x, i| dt.round(map(x, i)));
             0
@@ -176,8 +180,9 @@ impl Inputs {
         let dt = case.dtype;
 
         let ids = Stream::new(id, "chosen_ids");
-        let mut chosen_ids: Vec<i32> =
-            (0..rows).map(|i| ids.below(i as u64, s.v as u64) as i32).collect();
+        let mut chosen_ids: Vec<i32> = (0..rows)
+            .map(|i| ids.below(i as u64, s.v as u64) as i32)
+            .collect();
         // Always exercise both ends of the vocabulary (the last, partial tile of a kernel).
         chosen_ids[0] = (s.v - 1) as i32;
         if rows > 1 {
@@ -207,7 +212,8 @@ impl Inputs {
                 lm_head = vec![0f32; h * s.v];
                 let sw = Stream::new(id, "lm_head");
                 let scale = sigma(case.profile) / (h as f64).sqrt();
-                counts.fallbacks += fill_normals_par(&mut lm_head, &sw, path, dt, |x, _| (scale * x) as f32);
+                counts.fallbacks +=
+                    fill_normals_par(&mut lm_head, &sw, path, dt, |x, _| (scale * x) as f32);
                 counts.normals = (hidden.len() + lm_head.len()) as u64;
                 // Hostile data where the mask is 0 (it must not matter): large hidden rows.
                 if case.mask == MaskPattern::RandomHostile {
@@ -292,14 +298,33 @@ impl Inputs {
         let (b, t) = (s.b, s.t);
         let mut out = Vec::new();
         match case.level {
-            Level::Logits => out.push(NamedTensor::float("logits", vec![b, t, s.v], &self.logits, case.dtype)),
+            Level::Logits => out.push(NamedTensor::float(
+                "logits",
+                vec![b, t, s.v],
+                &self.logits,
+                case.dtype,
+            )),
             Level::Fused => {
                 let h = s.h.unwrap_or(0);
-                out.push(NamedTensor::float("hidden", vec![b, t, h], &self.hidden, case.dtype));
-                out.push(NamedTensor::float("lm_head", vec![h, s.v], &self.lm_head, case.dtype));
+                out.push(NamedTensor::float(
+                    "hidden",
+                    vec![b, t, h],
+                    &self.hidden,
+                    case.dtype,
+                ));
+                out.push(NamedTensor::float(
+                    "lm_head",
+                    vec![h, s.v],
+                    &self.lm_head,
+                    case.dtype,
+                ));
             }
         }
-        out.push(NamedTensor { name: "chosen_ids", shape: vec![b, t], data: HostData::I32(&self.chosen_ids) });
+        out.push(NamedTensor {
+            name: "chosen_ids",
+            shape: vec![b, t],
+            data: HostData::I32(&self.chosen_ids),
+        });
         out.push(NamedTensor::f32("old_logp", vec![b, t], &self.old_logp));
         out.push(NamedTensor::f32("ref_logp", vec![b, t], &self.ref_logp));
         out.push(NamedTensor::f32("advantages", vec![b], &self.advantages));
@@ -313,7 +338,15 @@ impl Inputs {
 pub fn edge_targets(k: &crate::spec::Knobs) -> [f64; 7] {
     let lo = 1.0 - k.epsilon_low;
     let hi = 1.0 + k.epsilon_high;
-    [lo, hi, k.delta.unwrap_or(1.0), lo * 0.999, lo * 1.001, hi * 0.999, hi * 1.001]
+    [
+        lo,
+        hi,
+        k.delta.unwrap_or(1.0),
+        lo * 0.999,
+        lo * 1.001,
+        hi * 0.999,
+        hi * 1.001,
+    ]
 }
 
 #[cfg(test)]
@@ -346,8 +379,17 @@ mod tests {
             // The chosen logit is far above the rest of its row.
             let row = &x.logits[i * 300..(i + 1) * 300];
             let y = x.chosen_ids[i] as usize;
-            let rest = row.iter().enumerate().filter(|(j, _)| *j != y).map(|(_, v)| *v).fold(f32::MIN, f32::max);
-            assert!(row[y] > rest + 30.0, "row {i}: chosen {} vs rest {rest}", row[y]);
+            let rest = row
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != y)
+                .map(|(_, v)| *v)
+                .fold(f32::MIN, f32::max);
+            assert!(
+                row[y] > rest + 30.0,
+                "row {i}: chosen {} vs rest {rest}",
+                row[y]
+            );
         }
     }
 
@@ -358,7 +400,14 @@ mod tests {
     fn fast_generation_has_the_exact_paths_bits() {
         let mut cases = Vec::new();
         for dtype in ["f32", "bf16", "f16"] {
-            for profile in ["normal1", "normal0.01", "normal5", "large", "zeros", "spike"] {
+            for profile in [
+                "normal1",
+                "normal0.01",
+                "normal5",
+                "large",
+                "zeros",
+                "spike",
+            ] {
                 cases.push(format!("b: 2, t: 64, v: 32768, dtype: {dtype}, profile: {profile}, mask: random_hostile"));
             }
             for profile in ["normal1", "normal0.01", "large", "zeros"] {
@@ -372,16 +421,32 @@ mod tests {
             let (exact, e) = Inputs::generate_with(&c, NormalPath::Exact);
             assert_eq!((n.normals, e.fallbacks), (e.normals, 0), "{}", c.id);
             for (a, b) in fast.tensors(&c).iter().zip(exact.tensors(&c)) {
-                assert_eq!(a.to_le_bytes(), b.to_le_bytes(), "{}: {} differs", c.id, a.name);
-                if let (HostData::Float { values: x, .. }, HostData::Float { values: y, .. }) = (a.data, b.data) {
-                    assert!(x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits()), "{}: {}", c.id, a.name);
+                assert_eq!(
+                    a.to_le_bytes(),
+                    b.to_le_bytes(),
+                    "{}: {} differs",
+                    c.id,
+                    a.name
+                );
+                if let (HostData::Float { values: x, .. }, HostData::Float { values: y, .. }) =
+                    (a.data, b.data)
+                {
+                    assert!(
+                        x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{}: {}",
+                        c.id,
+                        a.name
+                    );
                 }
             }
             normals += n.normals;
             fallbacks += n.fallbacks;
         }
         // The fallback ran (about 2·10⁻⁵ of the elements), so it was exercised above.
-        assert!(normals > 80_000_000 && fallbacks > 100 && fallbacks < normals / 10_000, "{normals} {fallbacks}");
+        assert!(
+            normals > 80_000_000 && fallbacks > 100 && fallbacks < normals / 10_000,
+            "{normals} {fallbacks}"
+        );
     }
 
     /// The statistics `generate_with_stats` hands on (to `Prepared`, instead of a second
@@ -405,8 +470,18 @@ mod tests {
             let (_, exact, _) = Inputs::build(&c, NormalPath::Exact);
             let want = oracle::forward(&c, &x, oracle::DEFAULT_CHUNK);
             for got in [&st, &exact] {
-                for (a, b) in [(&got.lse, &want.lse), (&got.logp, &want.logp), (&got.entropy, &want.entropy), (&got.abs_max, &want.abs_max)] {
-                    assert!(a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits()) && a.len() == b.len(), "{}", c.id);
+                for (a, b) in [
+                    (&got.lse, &want.lse),
+                    (&got.logp, &want.logp),
+                    (&got.entropy, &want.entropy),
+                    (&got.abs_max, &want.abs_max),
+                ] {
+                    assert!(
+                        a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+                            && a.len() == b.len(),
+                        "{}",
+                        c.id
+                    );
                 }
             }
         }

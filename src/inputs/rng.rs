@@ -30,7 +30,8 @@ pub struct Stream {
 impl Stream {
     /// The stream of `tensor` in case `case_id`.
     pub fn new(case_id: &str, tensor: &str) -> Stream {
-        let key = mix64(fnv1a(case_id.as_bytes()) ^ mix64(fnv1a(tensor.as_bytes()).rotate_left(17)));
+        let key =
+            mix64(fnv1a(case_id.as_bytes()) ^ mix64(fnv1a(tensor.as_bytes()).rotate_left(17)));
         Stream { key }
     }
 

@@ -70,7 +70,18 @@ mod tests {
             // 2²⁴ patterns spread over every exponent (an odd step visits every low-bit pattern).
             assert_eq!(mismatches(dt, 255), Vec::<u32>::new(), "{dt}");
             // Ties, f16's overflow and subnormal thresholds, bf16's overflow.
-            let edges = [65504.0f32, 65519.0, 65520.0, 65536.0, 1.0 / 16384.0, 2f32.powi(-24), 2f32.powi(-25), f32::MAX, 1.0, 0.0];
+            let edges = [
+                65504.0f32,
+                65519.0,
+                65520.0,
+                65536.0,
+                1.0 / 16384.0,
+                2f32.powi(-24),
+                2f32.powi(-25),
+                f32::MAX,
+                1.0,
+                0.0,
+            ];
             for e in edges {
                 for d in -300i32..300 {
                     for s in [1.0f32, -1.0] {

@@ -31,7 +31,11 @@ pub struct NamedTensor<'a> {
 impl<'a> NamedTensor<'a> {
     /// A float tensor in `dtype`.
     pub fn float(name: &'static str, shape: Vec<usize>, values: &'a [f32], dtype: DType) -> Self {
-        NamedTensor { name, shape, data: HostData::Float { values, dtype } }
+        NamedTensor {
+            name,
+            shape,
+            data: HostData::Float { values, dtype },
+        }
     }
 
     /// An f32 tensor.
@@ -71,8 +75,12 @@ impl<'a> NamedTensor<'a> {
                     for &x in part {
                         match dtype {
                             DType::F32 => buf.extend_from_slice(&x.to_le_bytes()),
-                            DType::Bf16 => buf.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
-                            DType::F16 => buf.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+                            DType::Bf16 => {
+                                buf.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes())
+                            }
+                            DType::F16 => {
+                                buf.extend_from_slice(&half::f16::from_f32(x).to_le_bytes())
+                            }
                         }
                     }
                     f(&buf);

@@ -81,7 +81,11 @@ fn logits_rows_impl(case: &Case, inputs: &Inputs, r0: usize, z: &mut [f64]) {
         for k in 0..h {
             for i in 0..MR {
                 let r = b * MR + i;
-                ht[k * MR + i] = if r < m { hid[(r0 + r) * h + k] as f64 } else { 0.0 };
+                ht[k * MR + i] = if r < m {
+                    hid[(r0 + r) * h + k] as f64
+                } else {
+                    0.0
+                };
             }
         }
     }
@@ -128,7 +132,8 @@ fn logits_rows_impl(case: &Case, inputs: &Inputs, r0: usize, z: &mut [f64]) {
                     }
                     for (i, acc) in acc.iter().enumerate().take(mi) {
                         let r = i0 + i;
-                        *<&mut [f64; NV]>::try_from(&mut z[r * v + j..r * v + j + NV]).unwrap() = *acc;
+                        *<&mut [f64; NV]>::try_from(&mut z[r * v + j..r * v + j + NV]).unwrap() =
+                            *acc;
                     }
                     j += NV;
                 }
@@ -156,7 +161,15 @@ fn logits_rows_impl(case: &Case, inputs: &Inputs, r0: usize, z: &mut [f64]) {
 /// dlm_head rows `k0..k0 + out.len()/V` += Σ_i hidden[r0+i, k]·d[i, :], i over the block
 /// in order.
 #[inline(always)]
-fn dlm_head_rows_impl(inputs: &Inputs, h: usize, v: usize, r0: usize, k0: usize, d: &[f64], out: &mut [f64]) {
+fn dlm_head_rows_impl(
+    inputs: &Inputs,
+    h: usize,
+    v: usize,
+    r0: usize,
+    k0: usize,
+    d: &[f64],
+    out: &mut [f64],
+) {
     let n = d.len() / v;
     let kn = out.len() / v;
     // Per group of MR rows of dlm_head, hidden[r0+i, k0+kk0+kk] as [n, MR], zero-padded.
@@ -166,7 +179,11 @@ fn dlm_head_rows_impl(inputs: &Inputs, h: usize, v: usize, r0: usize, k0: usize,
         for i in 0..n {
             for kk in 0..MR {
                 let k = g * MR + kk;
-                hk[i * MR + kk] = if k < kn { inputs.hidden[(r0 + i) * h + k0 + k] as f64 } else { 0.0 };
+                hk[i * MR + kk] = if k < kn {
+                    inputs.hidden[(r0 + i) * h + k0 + k] as f64
+                } else {
+                    0.0
+                };
             }
         }
     }
@@ -208,7 +225,8 @@ fn dlm_head_rows_impl(inputs: &Inputs, h: usize, v: usize, r0: usize, k0: usize,
                     }
                     for (kk, acc) in acc.iter().enumerate().take(mk) {
                         let k = kk0 + kk;
-                        *<&mut [f64; NV]>::try_from(&mut out[k * v + j..k * v + j + NV]).unwrap() = *acc;
+                        *<&mut [f64; NV]>::try_from(&mut out[k * v + j..k * v + j + NV]).unwrap() =
+                            *acc;
                     }
                     j += NV;
                 }
@@ -280,23 +298,39 @@ pub(super) fn grads(o: &Oracle, case: &Case, inputs: &Inputs) -> FusedGrads {
             .par_chunks_mut(LOGITS_ROWS * v)
             .enumerate()
             .for_each(|(c, zc)| logits_rows(case, inputs, r0 + c * LOGITS_ROWS, zc));
-        d[..n * v].par_chunks_mut(v).zip(z[..n * v].par_chunks(v)).enumerate().for_each(|(i, (dr, zr))| {
-            let r = r0 + i;
-            row::gradient(zr, inputs.chosen_ids[r] as usize, inv_tau, o.stats.lse[r], o.g[r], |j, x, _| dr[j] = x);
-        });
+        d[..n * v]
+            .par_chunks_mut(v)
+            .zip(z[..n * v].par_chunks(v))
+            .enumerate()
+            .for_each(|(i, (dr, zr))| {
+                let r = r0 + i;
+                row::gradient(
+                    zr,
+                    inputs.chosen_ids[r] as usize,
+                    inv_tau,
+                    o.stats.lse[r],
+                    o.g[r],
+                    |j, x, _| dr[j] = x,
+                );
+            });
         let d = &d[..n * v];
         // dlm_head, parallel over its rows.
-        dlm_head.par_chunks_mut(KT * v).enumerate().for_each(|(c, out)| dlm_head_rows(inputs, h, v, r0, c * KT, d, out));
+        dlm_head
+            .par_chunks_mut(KT * v)
+            .enumerate()
+            .for_each(|(c, out)| dlm_head_rows(inputs, h, v, r0, c * KT, d, out));
         // dhidden: d transposed into z ([V, BLOCK], lanes ≥ n zero), then parallel over k.
         let dt = &mut z;
-        dt.par_chunks_mut(VT * BLOCK).enumerate().for_each(|(c, t)| {
-            for (jj, col) in t.chunks_mut(BLOCK).enumerate() {
-                let j = c * VT + jj;
-                for (i, x) in col.iter_mut().enumerate() {
-                    *x = if i < n { d[i * v + j] } else { 0.0 };
+        dt.par_chunks_mut(VT * BLOCK)
+            .enumerate()
+            .for_each(|(c, t)| {
+                for (jj, col) in t.chunks_mut(BLOCK).enumerate() {
+                    let j = c * VT + jj;
+                    for (i, x) in col.iter_mut().enumerate() {
+                        *x = if i < n { d[i * v + j] } else { 0.0 };
+                    }
                 }
-            }
-        });
+            });
         let dt = &dt[..];
         let cols: Vec<Vec<f64>> = (0..h)
             .step_by(KT)
@@ -319,7 +353,15 @@ pub(super) fn grads(o: &Oracle, case: &Case, inputs: &Inputs) -> FusedGrads {
     FusedGrads { dhidden, dlm_head }
 }
 
-fn dlm_head_rows(inputs: &Inputs, h: usize, v: usize, r0: usize, k0: usize, d: &[f64], out: &mut [f64]) {
+fn dlm_head_rows(
+    inputs: &Inputs,
+    h: usize,
+    v: usize,
+    r0: usize,
+    k0: usize,
+    d: &[f64],
+    out: &mut [f64],
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if simd::avx512() {
@@ -356,7 +398,8 @@ mod simd {
     use super::{dhidden_cols_impl, dlm_head_rows_impl, logits_rows_impl, Case, Inputs};
 
     pub fn avx512() -> bool {
-        std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vl")
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
     }
 
     pub fn avx2() -> bool {
@@ -400,7 +443,9 @@ pub(super) fn grads_rowwise(o: &Oracle, case: &Case, inputs: &Inputs) -> FusedGr
             |(mut acc, mut logits, mut d), (r, dh)| {
                 super::fused_logits_row(case, inputs, r, &mut logits);
                 let y = inputs.chosen_ids[r] as usize;
-                row::gradient(&logits, y, inv_tau, o.stats.lse[r], o.g[r], |j, x, _| d[j] = x);
+                row::gradient(&logits, y, inv_tau, o.stats.lse[r], o.g[r], |j, x, _| {
+                    d[j] = x
+                });
                 let hid = &inputs.hidden[r * h..(r + 1) * h];
                 for k in 0..h {
                     let w = &inputs.lm_head[k * v..(k + 1) * v];
@@ -414,10 +459,13 @@ pub(super) fn grads_rowwise(o: &Oracle, case: &Case, inputs: &Inputs) -> FusedGr
             },
         )
         .map(|(acc, _, _)| acc)
-        .reduce(|| vec![0f64; h * v], |mut a, b| {
-            a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-            a
-        });
+        .reduce(
+            || vec![0f64; h * v],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                a
+            },
+        );
     FusedGrads { dhidden, dlm_head }
 }
 
@@ -454,10 +502,23 @@ mod tests {
             let mut buf = vec![0f64; c.shape.v];
             for r in 0..c.shape.rows() {
                 super::super::fused_logits_row(&c, &x, r, &mut buf);
-                let want = row::forward(&buf, x.chosen_ids[r] as usize, inv_tau, super::super::DEFAULT_CHUNK);
+                let want = row::forward(
+                    &buf,
+                    x.chosen_ids[r] as usize,
+                    inv_tau,
+                    super::super::DEFAULT_CHUNK,
+                );
                 assert_eq!(
-                    (st.lse[r].to_bits(), st.logp[r].to_bits(), st.entropy[r].to_bits()),
-                    (want.lse.to_bits(), want.logp.to_bits(), want.entropy.to_bits()),
+                    (
+                        st.lse[r].to_bits(),
+                        st.logp[r].to_bits(),
+                        st.entropy[r].to_bits()
+                    ),
+                    (
+                        want.lse.to_bits(),
+                        want.logp.to_bits(),
+                        want.entropy.to_bits()
+                    ),
                     "{} row {r}",
                     c.id
                 );
@@ -486,7 +547,12 @@ mod tests {
             let mut dh_want = vec![-0.0f64; KT.min(h) * BLOCK];
             dhidden_cols_impl(&x, v, 0, &dt, &mut dh_want);
             #[cfg(target_arch = "x86_64")]
-            for wide in [simd::avx2(), simd::avx512()].into_iter().enumerate().filter(|w| w.1).map(|w| w.0) {
+            for wide in [simd::avx2(), simd::avx512()]
+                .into_iter()
+                .enumerate()
+                .filter(|w| w.1)
+                .map(|w| w.0)
+            {
                 let mut z = vec![1f64; n * v];
                 let mut dlm = vec![0.25f64; KT.min(h) * v];
                 let mut dh = vec![-0.0f64; KT.min(h) * BLOCK];
@@ -502,8 +568,13 @@ mod tests {
                         simd::dhidden_cols_avx512(&x, v, 0, &dt, &mut dh);
                     }
                 }
-                let bits = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(bits(&z, &want) && bits(&dlm, &dlm_want) && bits(&dh, &dh_want), "{} copy {wide}", c.id);
+                let bits =
+                    |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    bits(&z, &want) && bits(&dlm, &dlm_want) && bits(&dh, &dh_want),
+                    "{} copy {wide}",
+                    c.id
+                );
             }
         }
     }
@@ -514,7 +585,14 @@ mod tests {
             let o = Oracle::new(&c, &x);
             let (new, old) = (grads(&o, &c, &x), grads_rowwise(&o, &c, &x));
             // dhidden: the same sums in the same order.
-            assert!(new.dhidden.iter().zip(&old.dhidden).all(|(a, b)| a.to_bits() == b.to_bits()), "{}", c.id);
+            assert!(
+                new.dhidden
+                    .iter()
+                    .zip(&old.dhidden)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{}",
+                c.id
+            );
             // dlm_head: the same terms, summed over rows in another order: within the
             // recursive-summation bound rows·ε·Σ|terms| of each other.
             let (h, v, rows) = (c.shape.h.unwrap(), c.shape.v, c.shape.rows());
@@ -525,9 +603,15 @@ mod tests {
             let mut worst: f64 = 0.0;
             for k in 0..h {
                 for j in 0..v {
-                    let abs: f64 = (0..rows).map(|r| (x.hidden[r * h + k] as f64 * d[r][j]).abs()).sum();
+                    let abs: f64 = (0..rows)
+                        .map(|r| (x.hidden[r * h + k] as f64 * d[r][j]).abs())
+                        .sum();
                     let diff = (new.dlm_head[k * v + j] - old.dlm_head[k * v + j]).abs();
-                    assert!(diff <= rows as f64 * f64::EPSILON * abs, "{} [{k},{j}]: {diff:e} vs Σ|terms| {abs:e}", c.id);
+                    assert!(
+                        diff <= rows as f64 * f64::EPSILON * abs,
+                        "{} [{k},{j}]: {diff:e} vs Σ|terms| {abs:e}",
+                        c.id
+                    );
                     worst = worst.max(diff / abs.max(f64::MIN_POSITIVE));
                 }
             }
@@ -550,7 +634,10 @@ mod timing {
         let c = crate::cases::parse_fixed("level: fused, b: 1, t: 512, h: 512, v: 151936").unwrap();
         let t0 = std::time::Instant::now();
         let (x, st) = Inputs::generate_with_stats(&c);
-        eprintln!("generate (incl. blocked forward) {:.2} s", t0.elapsed().as_secs_f64());
+        eprintln!(
+            "generate (incl. blocked forward) {:.2} s",
+            t0.elapsed().as_secs_f64()
+        );
         let t0 = std::time::Instant::now();
         let _ = super::super::forward(&c, &x, super::super::DEFAULT_CHUNK);
         eprintln!("forward (blocked) {:.2} s", t0.elapsed().as_secs_f64());
@@ -567,16 +654,32 @@ mod timing {
                     || vec![0f64; c.shape.v],
                     |b, r| {
                         super::super::fused_logits_row(&c, &x, r, b);
-                        row::forward(b, x.chosen_ids[r] as usize, inv_tau, super::super::DEFAULT_CHUNK).lse
+                        row::forward(
+                            b,
+                            x.chosen_ids[r] as usize,
+                            inv_tau,
+                            super::super::DEFAULT_CHUNK,
+                        )
+                        .lse
                     },
                 )
                 .collect();
-            eprintln!("forward (row at a time) {:.2} s", t0.elapsed().as_secs_f64());
-            assert!(lse.iter().zip(&o.stats.lse).all(|(a, b)| a.to_bits() == b.to_bits()));
+            eprintln!(
+                "forward (row at a time) {:.2} s",
+                t0.elapsed().as_secs_f64()
+            );
+            assert!(lse
+                .iter()
+                .zip(&o.stats.lse)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
             let t0 = std::time::Instant::now();
             let old = grads_rowwise(&o, &c, &x);
             eprintln!("grads (row at a time) {:.2} s", t0.elapsed().as_secs_f64());
-            let same = new.dhidden.iter().zip(&old.dhidden).all(|(a, b)| a.to_bits() == b.to_bits());
+            let same = new
+                .dhidden
+                .iter()
+                .zip(&old.dhidden)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
             let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
             let rel = norm(&mut new.dlm_head.iter().zip(&old.dlm_head).map(|(a, b)| a - b))
                 / norm(&mut old.dlm_head.iter().copied());

@@ -108,7 +108,9 @@ pub fn forward(case: &Case, inputs: &Inputs, chunk: usize) -> TokenStats {
                 fused::logits_rows(case, inputs, r0, buf);
                 buf.chunks(v)
                     .enumerate()
-                    .map(|(i, z)| row::forward(z, inputs.chosen_ids[r0 + i] as usize, inv_tau, chunk))
+                    .map(|(i, z)| {
+                        row::forward(z, inputs.chosen_ids[r0 + i] as usize, inv_tau, chunk)
+                    })
                     .collect::<Vec<_>>()
             })
             .flatten()
@@ -167,7 +169,9 @@ fn weights(case: &Case, inputs: &Inputs) -> (Vec<f64>, Vec<f64>) {
     let (b_n, t_n) = (case.shape.b, case.shape.t);
     let rows = b_n * t_n;
     let m = |i: usize| inputs.mask[i] as f64;
-    let msum: Vec<f64> = (0..b_n).map(|b| (0..t_n).map(|t| m(b * t_n + t)).sum()).collect();
+    let msum: Vec<f64> = (0..b_n)
+        .map(|b| (0..t_n).map(|t| m(b * t_n + t)).sum())
+        .collect();
     let mtot: f64 = msum.iter().sum();
     let weight: Vec<f64> = (0..rows)
         .map(|i| {
@@ -175,7 +179,9 @@ fn weights(case: &Case, inputs: &Inputs) -> (Vec<f64>, Vec<f64>) {
             m(i) * match k.loss_type {
                 LossType::Grpo => 1.0 / msum[b].max(1.0) / b_n as f64,
                 LossType::Bnpo => 1.0 / mtot.max(1.0),
-                LossType::DrGrpo => 1.0 / (b_n as f64 * k.max_completion_length.unwrap_or(t_n) as f64),
+                LossType::DrGrpo => {
+                    1.0 / (b_n as f64 * k.max_completion_length.unwrap_or(t_n) as f64)
+                }
             }
         })
         .collect();
@@ -268,7 +274,9 @@ fn dlogits_row_into(o: &Oracle, case: &Case, inputs: &Inputs, r: usize, out: &mu
     let dt = case.dtype;
     match dt {
         DType::F32 => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| out[j] = x as f32),
-        _ => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| out[j] = dt.round(x as f32)),
+        _ => o.dlogits_row(case, inputs, r, o.g[r], |j, x, _| {
+            out[j] = dt.round(x as f32)
+        }),
     }
 }
 
@@ -287,7 +295,13 @@ fn fused_row<K: row::Keep>(
     let inv_tau = 1.0 / case.knobs.temperature;
     let y = inputs.chosen_ids[r] as usize;
     let st = match case.level {
-        Level::Logits => row::forward_with(&inputs.logits[r * v..(r + 1) * v], y, inv_tau, DEFAULT_CHUNK, keep),
+        Level::Logits => row::forward_with(
+            &inputs.logits[r * v..(r + 1) * v],
+            y,
+            inv_tau,
+            DEFAULT_CHUNK,
+            keep,
+        ),
         Level::Fused => {
             logits.resize(v, 0.0);
             fused_logits_row(case, inputs, r, logits);
@@ -340,7 +354,9 @@ impl Oracle {
         let logp = &stats.logp;
         // Log-ratio per token (sequence level: the masked mean, shared by the sequence).
         let log_r: Vec<f64> = match case.knobs.importance_sampling_level {
-            IsLevel::Token => (0..rows).map(|i| logp[i] - effective_old_ref(inputs, i, logp[i]).0).collect(),
+            IsLevel::Token => (0..rows)
+                .map(|i| logp[i] - effective_old_ref(inputs, i, logp[i]).0)
+                .collect(),
             IsLevel::Sequence => {
                 let per_b: Vec<f64> = (0..b_n)
                     .map(|b| {
@@ -357,7 +373,9 @@ impl Oracle {
             }
         };
         // Sequence level: Σ_t w_t of the sequence, the factor of ∂log_r/∂logp_t.
-        let wsum: Vec<f64> = (0..b_n).map(|b| (0..t_n).map(|t| weight[b * t_n + t]).sum()).collect();
+        let wsum: Vec<f64> = (0..b_n)
+            .map(|b| (0..t_n).map(|t| weight[b * t_n + t]).sum())
+            .collect();
         let terms: Vec<TokenTerms> = (0..rows)
             .map(|i| {
                 let b = i / t_n;
@@ -430,7 +448,11 @@ impl Oracle {
     /// kernel is the same code), and the rows agree with [`Oracle::dlogits_row`] to f64
     /// rounding. Logits and fused level alike (at the fused level the rows are
     /// hidden @ lm_head, as in [`fused_logits_row`]).
-    pub fn with_dlogits(case: &Case, inputs: &Inputs, put_row: impl Fn(usize, &[f64]) + Sync) -> Oracle {
+    pub fn with_dlogits(
+        case: &Case,
+        inputs: &Inputs,
+        put_row: impl Fn(usize, &[f64]) + Sync,
+    ) -> Oracle {
         let v = case.shape.v;
         if !Self::fuses(case) {
             let o = Self::new(case, inputs);
@@ -452,7 +474,13 @@ impl Oracle {
                 |(keep, logits, d), r| {
                     keep.prepare(v, DEFAULT_CHUNK);
                     let (st, t) = fused_row(case, inputs, &weight, r, logits, keep);
-                    row::gradient_from_exp(keep, inputs.chosen_ids[r] as usize, t.g * inv_tau, d, |x| x);
+                    row::gradient_from_exp(
+                        keep,
+                        inputs.chosen_ids[r] as usize,
+                        t.g * inv_tau,
+                        d,
+                        |x| x,
+                    );
                     put_row(r, d);
                     (st, t)
                 },
@@ -465,10 +493,17 @@ impl Oracle {
     /// case dtype (as an implementation returns dlogits; what `oracle_outputs` stores).
     pub fn with_dlogits_into(case: &Case, inputs: &Inputs, dlogits: &mut [f32]) -> Oracle {
         let v = case.shape.v;
-        assert_eq!(dlogits.len(), case.shape.rows() * v, "dlogits buffer is not [B,T,V]");
+        assert_eq!(
+            dlogits.len(),
+            case.shape.rows() * v,
+            "dlogits buffer is not [B,T,V]"
+        );
         if !Self::fuses(case) {
             let o = Self::new(case, inputs);
-            dlogits.par_chunks_mut(v).enumerate().for_each(|(r, out)| dlogits_row_into(&o, case, inputs, r, out));
+            dlogits
+                .par_chunks_mut(v)
+                .enumerate()
+                .for_each(|(r, out)| dlogits_row_into(&o, case, inputs, r, out));
             return o;
         }
         let dt = case.dtype;
@@ -479,7 +514,12 @@ impl Oracle {
     }
 
     /// The fused pass into an f32 buffer, rows in parallel.
-    fn fused_into(case: &Case, inputs: &Inputs, dlogits: &mut [f32], conv: impl Fn(f64) -> f32 + Copy + Sync) -> Oracle {
+    fn fused_into(
+        case: &Case,
+        inputs: &Inputs,
+        dlogits: &mut [f32],
+        conv: impl Fn(f64) -> f32 + Copy + Sync,
+    ) -> Oracle {
         let v = case.shape.v;
         let inv_tau = 1.0 / case.knobs.temperature;
         let (weight, _) = weights(case, inputs);
@@ -491,7 +531,13 @@ impl Oracle {
                 |(keep, logits), (r, out)| {
                     keep.prepare(v, DEFAULT_CHUNK);
                     let (st, t) = fused_row(case, inputs, &weight, r, logits, keep);
-                    row::gradient_from_exp_f32(keep, inputs.chosen_ids[r] as usize, t.g * inv_tau, out, conv);
+                    row::gradient_from_exp_f32(
+                        keep,
+                        inputs.chosen_ids[r] as usize,
+                        t.g * inv_tau,
+                        out,
+                        conv,
+                    );
                     (st, t)
                 },
             )
@@ -524,14 +570,26 @@ impl Oracle {
     /// Gradient row `r` of dlogits (logits level) with ∂loss/∂logp = `g` (pass
     /// `self.g[r]`, or `self.g_alt[r]` for the other branch); `put(v, value, error_scale)`
     /// (see [`row::gradient`]).
-    pub fn dlogits_row(&self, case: &Case, inputs: &Inputs, r: usize, g: f64, put: impl FnMut(usize, f64, f64)) {
+    pub fn dlogits_row(
+        &self,
+        case: &Case,
+        inputs: &Inputs,
+        r: usize,
+        g: f64,
+        put: impl FnMut(usize, f64, f64),
+    ) {
         let v = case.shape.v;
         let inv_tau = 1.0 / case.knobs.temperature;
         let y = inputs.chosen_ids[r] as usize;
         match case.level {
-            Level::Logits => {
-                row::gradient(&inputs.logits[r * v..(r + 1) * v], y, inv_tau, self.stats.lse[r], g, put)
-            }
+            Level::Logits => row::gradient(
+                &inputs.logits[r * v..(r + 1) * v],
+                y,
+                inv_tau,
+                self.stats.lse[r],
+                g,
+                put,
+            ),
             Level::Fused => {
                 let mut buf = vec![0f64; v];
                 fused_logits_row(case, inputs, r, &mut buf);

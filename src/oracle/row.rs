@@ -77,7 +77,12 @@ pub struct RowStats {
 /// Online logsumexp over `chunk`-sized tiles of one row (any chunk size gives the same
 /// result up to f64 rounding). Also accumulates Σ e^{s−m}(s−m) for the entropy, in the
 /// shifted form that avoids cancellation at large |s|.
-pub fn forward<T: Copy + Into<f64> + PartialOrd>(z: &[T], y: usize, inv_tau: f64, chunk: usize) -> RowStats {
+pub fn forward<T: Copy + Into<f64> + PartialOrd>(
+    z: &[T],
+    y: usize,
+    inv_tau: f64,
+    chunk: usize,
+) -> RowStats {
     #[cfg(target_arch = "x86_64")]
     {
         if simd::avx512() {
@@ -198,7 +203,11 @@ impl ExpRow {
     /// Per tile t: k_t = c·e^{m_t − m}/Σ, so that c·p_v = k_t·e_v.
     fn tile_factors(&self, c: f64, k: &mut Vec<f64>) {
         k.clear();
-        k.extend(self.tile_max.iter().map(|&mt| c * (exp(mt - self.m) / self.total)));
+        k.extend(
+            self.tile_max
+                .iter()
+                .map(|&mt| c * (exp(mt - self.m) / self.total)),
+        );
     }
 }
 
@@ -218,7 +227,13 @@ fn grad_chosen(k: f64, e: f64, c: f64) -> f64 {
 /// p_v = e_v·(e^{m_t−m}/Σ) (one exp and one division per tile). Agrees with [`gradient`]
 /// to f64 rounding: a few ulp relative, or, where p_v is computed at a large |s| or |lse|,
 /// within ε·|c|·p_v·(|s_v| + |lse|) (what [`gradient`]'s own exp(s − lse) is accurate to).
-pub fn gradient_from_exp<O: Copy>(keep: &ExpRow, y: usize, c: f64, out: &mut [O], conv: impl Fn(f64) -> O) {
+pub fn gradient_from_exp<O: Copy>(
+    keep: &ExpRow,
+    y: usize,
+    c: f64,
+    out: &mut [O],
+    conv: impl Fn(f64) -> O,
+) {
     assert_eq!(out.len(), keep.e.len());
     let mut k = Vec::new();
     keep.tile_factors(c, &mut k);
@@ -239,7 +254,13 @@ pub fn gradient_from_exp<O: Copy>(keep: &ExpRow, y: usize, c: f64, out: &mut [O]
 /// [`gradient_from_exp`] into f32 storage (`conv` rounds to the stored type), written
 /// with non-temporal stores where the CPU has them (AVX: the row goes to memory without
 /// being read into cache first; the values are the same bits as [`gradient_from_exp`]'s).
-pub fn gradient_from_exp_f32(keep: &ExpRow, y: usize, c: f64, out: &mut [f32], conv: impl Fn(f64) -> f32) {
+pub fn gradient_from_exp_f32(
+    keep: &ExpRow,
+    y: usize,
+    c: f64,
+    out: &mut [f32],
+    conv: impl Fn(f64) -> f32,
+) {
     assert_eq!(out.len(), keep.e.len());
     let mut k = Vec::new();
     keep.tile_factors(c, &mut k);
@@ -258,8 +279,20 @@ pub fn gradient_from_exp_f32(keep: &ExpRow, y: usize, c: f64, out: &mut [f32], c
 }
 
 #[inline(always)]
-fn gradient_from_exp_impl<O: Copy>(keep: &ExpRow, k: &[f64], y: usize, c: f64, out: &mut [O], conv: impl Fn(f64) -> O) {
-    for ((e, o), &k) in keep.e.chunks(keep.chunk).zip(out.chunks_mut(keep.chunk)).zip(k) {
+fn gradient_from_exp_impl<O: Copy>(
+    keep: &ExpRow,
+    k: &[f64],
+    y: usize,
+    c: f64,
+    out: &mut [O],
+    conv: impl Fn(f64) -> O,
+) {
+    for ((e, o), &k) in keep
+        .e
+        .chunks(keep.chunk)
+        .zip(out.chunks_mut(keep.chunk))
+        .zip(k)
+    {
         for (o, &e) in o.iter_mut().zip(e) {
             *o = conv(grad_other(k, e));
         }
@@ -277,9 +310,9 @@ fn forward_impl<T: Copy + Into<f64> + PartialOrd, K: Keep>(
 ) -> RowStats {
     let chunk = chunk.max(1);
     let mut m = f64::NEG_INFINITY; // running max
-    // Per-lane partial sums (all lanes share the running max m).
-    // The elements at the running max (e^0 = 1 exactly) are counted apart from the rest:
-    // a peaked row's entropy is ≈ Σ_rest, which adding it to 1 would round away.
+                                   // Per-lane partial sums (all lanes share the running max m).
+                                   // The elements at the running max (e^0 = 1 exactly) are counted apart from the rest:
+                                   // a peaked row's entropy is ≈ Σ_rest, which adding it to 1 would round away.
     let mut n = [0.0f64; LANES]; // #{s = m}
     let mut l = [0.0f64; LANES]; // Σ e^{s−m} over s < m
     let mut w = [0.0f64; LANES]; // Σ e^{s−m}(s−m)
@@ -358,7 +391,11 @@ fn forward_impl<T: Copy + Into<f64> + PartialOrd, K: Keep>(
     keep.done(m, total);
     // ln Σ e^{s−m} = ln n + ln(1 + l/n), accurate when l ≪ n (then entropy ≈ l/n − w/Σ,
     // two positive terms: no cancellation).
-    let ln_total = if n > 0.0 { n.ln() + (l / n).ln_1p() } else { total.ln() };
+    let ln_total = if n > 0.0 {
+        n.ln() + (l / n).ln_1p()
+    } else {
+        total.ln()
+    };
     let lse = m + ln_total;
     RowStats {
         lse,
@@ -380,7 +417,9 @@ fn prefetch_lanes<T>(p: *const T) {
         while off < bytes {
             // SAFETY: a prefetch never faults and reads nothing architecturally.
             unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((p as *const i8).wrapping_add(off))
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    (p as *const i8).wrapping_add(off),
+                )
             };
             off += 64;
         }
@@ -458,7 +497,11 @@ fn gradient_impl<T: Copy + Into<f64>>(
             let v = base + j;
             let s = x.into() * inv_tau;
             let onehot = if v == y { 1.0 } else { 0.0 };
-            put(v, c * (onehot - p), c.abs() * (onehot + p * (s.abs() + lse.abs() + 1.0)));
+            put(
+                v,
+                c * (onehot - p),
+                c.abs() * (onehot + p * (s.abs() + lse.abs() + 1.0)),
+            );
         }
     }
 }
@@ -466,7 +509,10 @@ fn gradient_impl<T: Copy + Into<f64>>(
 /// The same kernels compiled for wider vector units, chosen at run time.
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{forward_impl, grad_chosen, grad_other, gradient_from_exp_impl, gradient_impl, ExpRow, Keep, RowStats};
+    use super::{
+        forward_impl, grad_chosen, grad_other, gradient_from_exp_impl, gradient_impl, ExpRow, Keep,
+        RowStats,
+    };
 
     pub fn avx512() -> bool {
         std::arch::is_x86_feature_detected!("avx512f")
@@ -508,9 +554,21 @@ mod simd {
 
     /// `gradient_from_exp_impl` with 32-byte non-temporal stores (needs AVX).
     #[inline(always)]
-    unsafe fn gradient_from_exp_stream(keep: &ExpRow, k: &[f64], y: usize, c: f64, out: &mut [f32], conv: impl Fn(f64) -> f32) {
+    unsafe fn gradient_from_exp_stream(
+        keep: &ExpRow,
+        k: &[f64],
+        y: usize,
+        c: f64,
+        out: &mut [f32],
+        conv: impl Fn(f64) -> f32,
+    ) {
         use std::arch::x86_64::{_mm256_loadu_ps, _mm256_stream_ps, _mm_sfence};
-        for ((e, o), &k) in keep.e.chunks(keep.chunk).zip(out.chunks_mut(keep.chunk)).zip(k) {
+        for ((e, o), &k) in keep
+            .e
+            .chunks(keep.chunk)
+            .zip(out.chunks_mut(keep.chunk))
+            .zip(k)
+        {
             let n = o.len();
             let head = o.as_ptr().align_offset(32).min(n);
             for i in 0..head {
@@ -532,7 +590,6 @@ mod simd {
         _mm_sfence();
         out[y] = conv(grad_chosen(k[y / keep.chunk], keep.e[y], c));
     }
-
 }
 
 #[cfg(test)]
@@ -543,7 +600,13 @@ mod tests {
         let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let l: f64 = z.iter().map(|s| (s - m).exp()).sum();
         let lse = m + l.ln();
-        let ent = -z.iter().map(|s| { let p = (s - lse).exp(); p * (s - lse) }).sum::<f64>();
+        let ent = -z
+            .iter()
+            .map(|s| {
+                let p = (s - lse).exp();
+                p * (s - lse)
+            })
+            .sum::<f64>();
         (lse, z[y] - lse, ent)
     }
 
@@ -554,7 +617,11 @@ mod tests {
         }
         let key = |x: f64| {
             let i = x.to_bits() as i64;
-            if i < 0 { i64::MIN - i } else { i }
+            if i < 0 {
+                i64::MIN - i
+            } else {
+                i
+            }
         };
         key(a).abs_diff(key(b))
     }
@@ -593,9 +660,25 @@ mod tests {
         }
         // Edges: subnormal results, overflow, underflow, specials.
         for x in [
-            0.0, -0.0, 709.78, 709.782712893384, 709.7827128933841, 710.0, 1e300, f64::INFINITY,
-            -708.39, -708.4, -744.4, -745.1332191019411, -745.1332191019412, -746.0, -1e300,
-            f64::NEG_INFINITY, f64::MIN_POSITIVE, f64::EPSILON, 0.5 * std::f64::consts::LN_2,
+            0.0,
+            -0.0,
+            709.78,
+            709.782712893384,
+            709.7827128933841,
+            710.0,
+            1e300,
+            f64::INFINITY,
+            -708.39,
+            -708.4,
+            -744.4,
+            -745.1332191019411,
+            -745.1332191019412,
+            -746.0,
+            -1e300,
+            f64::NEG_INFINITY,
+            f64::MIN_POSITIVE,
+            f64::EPSILON,
+            0.5 * std::f64::consts::LN_2,
             -0.5 * std::f64::consts::LN_2,
         ] {
             check(x);
@@ -635,14 +718,27 @@ mod tests {
                 }
             }
             let lse = m + l.ln();
-            RowStats { lse, logp: z[y] as f64 * inv_tau - lse, entropy: l.ln() - w / l, abs_max }
+            RowStats {
+                lse,
+                logp: z[y] as f64 * inv_tau - lse,
+                entropy: l.ln() - w / l,
+                abs_max,
+            }
         }
         let rel = |a: f64, b: f64| (a - b).abs() / b.abs().max(1e-300);
         let mut st = 12345u64;
-        for (v, sd, tau) in [(1usize, 1.0f64, 1.0f64), (17, 3.0, 0.7), (2049, 1.0, 1.0), (5000, 30.0, 1.3), (151936, 1.0, 1.0)] {
+        for (v, sd, tau) in [
+            (1usize, 1.0f64, 1.0f64),
+            (17, 3.0, 0.7),
+            (2049, 1.0, 1.0),
+            (5000, 30.0, 1.3),
+            (151936, 1.0, 1.0),
+        ] {
             let z: Vec<f32> = (0..v)
                 .map(|_| {
-                    st = st.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    st = st
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     (((st >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 3.4 * sd) as f32
                 })
                 .collect();
@@ -651,9 +747,18 @@ mod tests {
                 let a = forward(&z, y, 1.0 / tau, chunk);
                 let b = forward_ref(&z, y, 1.0 / tau, chunk);
                 assert_eq!(a.abs_max, b.abs_max);
-                assert!(rel(a.lse, b.lse) < 1e-14, "v {v} chunk {chunk}: {a:?} vs {b:?}");
-                assert!(rel(a.logp, b.logp) < 1e-13, "v {v} chunk {chunk}: {a:?} vs {b:?}");
-                assert!(rel(a.entropy, b.entropy) < 1e-13, "v {v} chunk {chunk}: {a:?} vs {b:?}");
+                assert!(
+                    rel(a.lse, b.lse) < 1e-14,
+                    "v {v} chunk {chunk}: {a:?} vs {b:?}"
+                );
+                assert!(
+                    rel(a.logp, b.logp) < 1e-13,
+                    "v {v} chunk {chunk}: {a:?} vs {b:?}"
+                );
+                assert!(
+                    rel(a.entropy, b.entropy) < 1e-13,
+                    "v {v} chunk {chunk}: {a:?} vs {b:?}"
+                );
             }
             let lse = forward(&z, y, 1.0 / tau, 2048).lse;
             let mut n = 0;
@@ -664,8 +769,14 @@ mod tests {
                 let p = (s - lse).exp();
                 let oh = if j == y { 1.0 } else { 0.0 };
                 let c = -0.37 * (1.0 / tau);
-                let (d0, sc0) = (c * (oh - p), c.abs() * (oh + p * (s.abs() + lse.abs() + 1.0)));
-                assert!((d - d0).abs() <= 4e-16 * d0.abs().max(c.abs() * p), "v {v} j {j}: {d} vs {d0}");
+                let (d0, sc0) = (
+                    c * (oh - p),
+                    c.abs() * (oh + p * (s.abs() + lse.abs() + 1.0)),
+                );
+                assert!(
+                    (d - d0).abs() <= 4e-16 * d0.abs().max(c.abs() * p),
+                    "v {v} j {j}: {d} vs {d0}"
+                );
                 assert!(rel(sc, sc0) < 1e-15, "v {v} j {j}");
             });
             assert_eq!(n, v);
@@ -675,16 +786,30 @@ mod tests {
     #[test]
     fn every_code_path_gives_the_same_bits() {
         // The portable kernels (what a CPU without AVX2/FMA runs) against the dispatched ones.
-        let z: Vec<f32> = (0..5003).map(|i| ((i * 7919) % 1013) as f32 * 0.013 - 6.0).collect();
+        let z: Vec<f32> = (0..5003)
+            .map(|i| ((i * 7919) % 1013) as f32 * 0.013 - 6.0)
+            .collect();
         for chunk in [1, 100, 2048] {
-            assert_eq!(forward(&z, 17, 0.8, chunk), forward_impl(&z, 17, 0.8, chunk, &mut ()));
+            assert_eq!(
+                forward(&z, 17, 0.8, chunk),
+                forward_impl(&z, 17, 0.8, chunk, &mut ())
+            );
             // The fused kernels: same statistics as `forward`, same bits on every path.
             let (mut k1, mut k2) = (ExpRow::default(), ExpRow::default());
-            assert_eq!(forward_exp(&z, 17, 0.8, chunk, &mut k1), forward(&z, 17, 0.8, chunk));
+            assert_eq!(
+                forward_exp(&z, 17, 0.8, chunk, &mut k1),
+                forward(&z, 17, 0.8, chunk)
+            );
             k2.e.resize(z.len(), 0.0);
             k2.chunk = chunk;
-            assert_eq!(forward_impl(&z, 17, 0.8, chunk, &mut k2), forward(&z, 17, 0.8, chunk));
-            assert_eq!((k1.e.clone(), k1.tile_max.clone(), k1.m, k1.total), (k2.e.clone(), k2.tile_max.clone(), k2.m, k2.total));
+            assert_eq!(
+                forward_impl(&z, 17, 0.8, chunk, &mut k2),
+                forward(&z, 17, 0.8, chunk)
+            );
+            assert_eq!(
+                (k1.e.clone(), k1.tile_max.clone(), k1.m, k1.total),
+                (k2.e.clone(), k2.tile_max.clone(), k2.m, k2.total)
+            );
             let (mut d1, mut d2) = (vec![0f32; z.len()], vec![0f32; z.len()]);
             gradient_from_exp(&k1, 17, -0.3, &mut d1, |x| x as f32);
             let mut k = Vec::new();
@@ -709,31 +834,50 @@ mod tests {
     fn peaked_row_entropy_is_accurate() {
         // One logit at 0, the others at −a: δ = (v−1)e^{−a}, H = ln(1+δ) + a·δ/(1+δ) ≈ δ(1+a),
         // which computing ln(1+δ) − w/(1+δ) from the rounded sum 1+δ gets only to ~1e-16/δ.
-        for (v, a) in [(1000usize, 30.0f32), (2049, 20.0), (151936, 25.0), (5, 40.0)] {
+        for (v, a) in [
+            (1000usize, 30.0f32),
+            (2049, 20.0),
+            (151936, 25.0),
+            (5, 40.0),
+        ] {
             let mut z = vec![-a; v];
             z[v / 2] = 0.0;
             let d = (v - 1) as f64 * (-(a as f64)).exp();
             let h = d.ln_1p() + a as f64 * d / (1.0 + d);
             for chunk in [7, 2048] {
                 let r = forward(&z, 0, 1.0, chunk);
-                assert!(((r.entropy - h) / h).abs() < 1e-12, "v {v} a {a}: {} vs {h}", r.entropy);
+                assert!(
+                    ((r.entropy - h) / h).abs() < 1e-12,
+                    "v {v} a {a}: {} vs {h}",
+                    r.entropy
+                );
                 assert!(((r.logp - (-(a as f64) - d.ln_1p())) / r.logp).abs() < 1e-14);
                 // The chosen token is the peak: log p = −ln(1+δ), tiny.
                 let top = forward(&z, v / 2, 1.0, chunk).logp;
-                assert!(((top + d.ln_1p()) / d).abs() < 1e-12, "v {v} a {a}: {top} vs {}", -d.ln_1p());
+                assert!(
+                    ((top + d.ln_1p()) / d).abs() < 1e-12,
+                    "v {v} a {a}: {top} vs {}",
+                    -d.ln_1p()
+                );
             }
         }
     }
 
     #[test]
     fn matches_two_pass_for_every_chunk() {
-        let z: Vec<f64> = (0..37).map(|i| ((i * 7919) % 23) as f64 * 0.37 - 4.0).collect();
+        let z: Vec<f64> = (0..37)
+            .map(|i| ((i * 7919) % 23) as f64 * 0.37 - 4.0)
+            .collect();
         let (lse, logp, ent) = two_pass(&z, 36);
         for chunk in [1, 2, 5, 36, 37, 1000] {
             let r = forward(&z, 36, 1.0, chunk);
             assert!((r.lse - lse).abs() < 1e-13, "chunk {chunk}");
             assert!((r.logp - logp).abs() < 1e-13, "chunk {chunk}");
-            assert!((r.entropy - ent).abs() < 1e-12, "chunk {chunk}: {} vs {ent}", r.entropy);
+            assert!(
+                (r.entropy - ent).abs() < 1e-12,
+                "chunk {chunk}: {} vs {ent}",
+                r.entropy
+            );
         }
     }
 

@@ -136,3 +136,11 @@ def test_a_protocol_mismatch_is_refused(capsys):
     err = capsys.readouterr().err
     assert "protocol mismatch" in err and "pip install" in err and len(err.strip().splitlines()) == 1
     assert export.main(["--protocol", str(PROTOCOL_VERSION), "--list-impls"]) == 0
+
+
+def test_a_case_of_another_level_is_not_applicable_rather_than_unsupported():
+    impl = adapters.from_logits_fn(logp_plain, id="p")
+    reason = impl.support_reason(Problem("fused", 2, 4, 300, 16, "f32"), Knobs.from_json(dict(KNOBS, temperature=1.0)), {})
+    assert reason == "not applicable: level 'fused'"
+    # A limitation of a level it has stays "not supported" (an ignored trial).
+    assert impl.support_reason(Problem("logits", 2, 4, 300, None, "f32"), Knobs.from_json(KNOBS), {}).startswith("not supported")

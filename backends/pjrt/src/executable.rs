@@ -267,7 +267,13 @@ impl Executable {
             ..Default::default()
         };
         // First call: the size; second: the bytes into our buffer.
-        if optional(pjrt_call!(&self.plugin, PJRT_Executable_OptimizedProgram, &mut args))?.is_none() {
+        if optional(pjrt_call!(
+            &self.plugin,
+            PJRT_Executable_OptimizedProgram,
+            &mut args
+        ))?
+        .is_none()
+        {
             return Ok(None);
         }
         let mut code = vec![0u8; program.code_size];
@@ -278,7 +284,9 @@ impl Executable {
         let format = if program.format.is_null() {
             String::new()
         } else {
-            let f = unsafe { std::slice::from_raw_parts(program.format.cast::<u8>(), program.format_size) };
+            let f = unsafe {
+                std::slice::from_raw_parts(program.format.cast::<u8>(), program.format_size)
+            };
             String::from_utf8_lossy(f).into_owned()
         };
         code.truncate(program.code_size);

@@ -235,11 +235,11 @@ pub mod primitive {
 /// Bytes of one element of an XLA `PrimitiveType` (0 for tuples, tokens, unknown).
 pub fn element_bytes(t: i32) -> u64 {
     match t {
-        1 | 2 | 6 => 1,       // PRED, S8, U8
-        3 | 7 | 10 | 16 => 2, // S16, U16, F16, BF16
-        4 | 8 | 11 => 4,      // S32, U32, F32
-        5 | 9 | 12 | 15 => 8, // S64, U64, F64, C64
-        18 => 16,             // C128
+        1 | 2 | 6 => 1,                        // PRED, S8, U8
+        3 | 7 | 10 | 16 => 2,                  // S16, U16, F16, BF16
+        4 | 8 | 11 => 4,                       // S32, U32, F32
+        5 | 9 | 12 | 15 => 8,                  // S64, U64, F64, C64
+        18 => 16,                              // C128
         19 | 20 | 23 | 24 | 25 | 28 | 29 => 1, // FP8 kinds
         _ => 0,
     }
@@ -300,14 +300,23 @@ impl Shape {
 pub fn decode(format: &str, bytes: &[u8]) -> Option<Result<HloModule, prost::DecodeError>> {
     match format {
         "hlo" => Some(HloModule::decode(bytes)),
-        "hlo_with_config" => Some(ModuleWithConfigProto::decode(bytes).map(|w| w.module.unwrap_or_default())),
+        "hlo_with_config" => {
+            Some(ModuleWithConfigProto::decode(bytes).map(|w| w.module.unwrap_or_default()))
+        }
         _ => None,
     }
 }
 
 /// The collective kinds counted (an async pair `<kind>-start` / `<kind>-done` counts once,
 /// by its `-done`, whose shape is the result).
-pub const COLLECTIVES: [&str; 6] = ["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "ragged-all-to-all"];
+pub const COLLECTIVES: [&str; 6] = [
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "ragged-all-to-all",
+];
 
 /// One collective kind in a module: how many instructions, and the bytes they produce.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -322,7 +331,10 @@ pub struct Collective {
 
 /// The collectives of an optimized program (see [`decode`] for the formats), in
 /// [`COLLECTIVES`] order (kinds that do not occur are left out). `None` for another format.
-pub fn collectives_of(format: &str, bytes: &[u8]) -> Option<Result<Vec<Collective>, prost::DecodeError>> {
+pub fn collectives_of(
+    format: &str,
+    bytes: &[u8],
+) -> Option<Result<Vec<Collective>, prost::DecodeError>> {
     decode(format, bytes).map(|m| m.map(|m| count(&m)))
 }
 
@@ -332,7 +344,14 @@ pub fn collectives(module: &[u8]) -> Result<Vec<Collective>, prost::DecodeError>
 }
 
 fn count(m: &HloModule) -> Vec<Collective> {
-    let mut out: Vec<Collective> = COLLECTIVES.iter().map(|k| Collective { kind: k.to_string(), count: 0, bytes: 0 }).collect();
+    let mut out: Vec<Collective> = COLLECTIVES
+        .iter()
+        .map(|k| Collective {
+            kind: k.to_string(),
+            count: 0,
+            bytes: 0,
+        })
+        .collect();
     for i in m.computations.iter().flat_map(|c| &c.instructions) {
         if i.opcode.ends_with("-start") {
             continue;
@@ -354,7 +373,11 @@ mod tests {
     fn inst(opcode: &str, t: i32, dims: &[i64]) -> HloInstruction {
         HloInstruction {
             opcode: opcode.into(),
-            shape: Some(Shape { element_type: t, dimensions: dims.to_vec(), ..Default::default() }),
+            shape: Some(Shape {
+                element_type: t,
+                dimensions: dims.to_vec(),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }
@@ -365,10 +388,10 @@ mod tests {
             computations: vec![HloComputation {
                 instructions: vec![
                     inst("add", 11, &[4, 4]),
-                    inst("all-reduce", 11, &[512, 1024]),   // f32: 2 MiB
-                    inst("all-gather-start", 13, &[]),      // counted by its -done
+                    inst("all-reduce", 11, &[512, 1024]), // f32: 2 MiB
+                    inst("all-gather-start", 13, &[]),    // counted by its -done
                     inst("all-gather-done", 16, &[8, 128]), // bf16: 2 KiB
-                    inst("all-reduce", 16, &[4]),           // bf16: 8 B
+                    inst("all-reduce", 16, &[4]),         // bf16: 8 B
                 ],
                 ..Default::default()
             }],
@@ -378,13 +401,29 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                Collective { kind: "all-reduce".into(), count: 2, bytes: 512 * 1024 * 4 + 8 },
-                Collective { kind: "all-gather".into(), count: 1, bytes: 8 * 128 * 2 },
+                Collective {
+                    kind: "all-reduce".into(),
+                    count: 2,
+                    bytes: 512 * 1024 * 4 + 8
+                },
+                Collective {
+                    kind: "all-gather".into(),
+                    count: 1,
+                    bytes: 8 * 128 * 2
+                },
             ]
         );
         assert!(collectives(b"\xff\xff\xff").is_err());
-        let wrapped = ModuleWithConfigProto { module: Some(m.clone()) }.encode_to_vec();
-        assert_eq!(collectives_of("hlo_with_config", &wrapped).unwrap().unwrap(), got);
+        let wrapped = ModuleWithConfigProto {
+            module: Some(m.clone()),
+        }
+        .encode_to_vec();
+        assert_eq!(
+            collectives_of("hlo_with_config", &wrapped)
+                .unwrap()
+                .unwrap(),
+            got
+        );
         assert!(collectives_of("mlir", &wrapped).is_none());
         assert_eq!(decode("hlo", &m.encode_to_vec()).unwrap().unwrap(), m);
     }
@@ -394,14 +433,32 @@ mod tests {
         let vmem = Shape {
             element_type: primitive::F32,
             dimensions: vec![8, 128],
-            layout: Some(Layout { minor_to_major: vec![1, 0], memory_space: 1 }),
+            layout: Some(Layout {
+                minor_to_major: vec![1, 0],
+                memory_space: 1,
+            }),
             ..Default::default()
         };
-        let hbm = Shape { element_type: primitive::BF16, dimensions: vec![3, 5], ..Default::default() };
-        let t = Shape { element_type: primitive::TUPLE, tuple_shapes: vec![vmem.clone(), hbm.clone()], ..Default::default() };
+        let hbm = Shape {
+            element_type: primitive::BF16,
+            dimensions: vec![3, 5],
+            ..Default::default()
+        };
+        let t = Shape {
+            element_type: primitive::TUPLE,
+            tuple_shapes: vec![vmem.clone(), hbm.clone()],
+            ..Default::default()
+        };
         assert_eq!((vmem.bytes(), hbm.bytes(), t.bytes()), (4096, 30, 4126));
         assert_eq!((vmem.memory_space(), hbm.memory_space()), (1, 0));
         assert_eq!(t.leaves().len(), 2);
-        assert_eq!(Literal { s32s: vec![7], ..Default::default() }.first_integer(), Some(7));
+        assert_eq!(
+            Literal {
+                s32s: vec![7],
+                ..Default::default()
+            }
+            .first_integer(),
+            Some(7)
+        );
     }
 }

@@ -59,10 +59,19 @@ impl PjrtCpuConfig {
 
 /// `v6e:2x2`, `v5e:2x2`, `v5p:2x2x1`, `tpu7x:2x2x1`: generation, colon, dimensions.
 fn topology_ok(t: &str) -> bool {
-    let Some((gen, dims)) = t.split_once(':') else { return false };
+    let Some((gen, dims)) = t.split_once(':') else {
+        return false;
+    };
     let rest = gen.strip_prefix("tpu").or_else(|| gen.strip_prefix('v'));
-    let gen_ok = rest.is_some_and(|r| !r.is_empty() && r.starts_with(|c: char| c.is_ascii_digit()) && r.chars().all(|c| c.is_ascii_alphanumeric()));
-    let dims_ok = !dims.is_empty() && dims.split('x').all(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()));
+    let gen_ok = rest.is_some_and(|r| {
+        !r.is_empty()
+            && r.starts_with(|c: char| c.is_ascii_digit())
+            && r.chars().all(|c| c.is_ascii_alphanumeric())
+    });
+    let dims_ok = !dims.is_empty()
+        && dims
+            .split('x')
+            .all(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()));
     gen_ok && dims_ok
 }
 
@@ -95,10 +104,19 @@ mod tests {
 
     #[test]
     fn topologies() {
-        for t in ["v6e:2x2", "v5e:2x2", "v6e:2x4", "v5p:2x2x1", "v4:2x2x1", "tpu7x:2x2x1"] {
+        for t in [
+            "v6e:2x2",
+            "v5e:2x2",
+            "v6e:2x4",
+            "v5p:2x2x1",
+            "v4:2x2x1",
+            "tpu7x:2x2x1",
+        ] {
             assert!(topology_ok(t), "{t}");
         }
-        for t in ["v6e", "v6e:", "6e:2x2", "v6e:2xx2", "v6e:2x2 ", ":2x2", "tpu:2x2", "vx:2x2"] {
+        for t in [
+            "v6e", "v6e:", "6e:2x2", "v6e:2xx2", "v6e:2x2 ", ":2x2", "tpu:2x2", "vx:2x2",
+        ] {
             assert!(!topology_ok(t), "{t}");
         }
     }

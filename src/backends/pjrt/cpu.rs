@@ -28,7 +28,11 @@ const GIB: f64 = (1u64 << 30) as f64;
 fn mem_total_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+    line.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|kib| kib * 1024)
 }
 
 /// The CPU plugin to load: `GRPO_PJRT_PLUGIN`, else the config's `plugin`, else the venv's.
@@ -47,20 +51,29 @@ fn plugin_path(cfg_plugin: Option<&PathBuf>) -> Result<PathBuf> {
         })?,
     };
     if !p.is_file() {
-        bail!("PJRT plugin {} does not exist (run scripts/setup.sh or set {})", p.display(), crate::env::PJRT_PLUGIN);
+        bail!(
+            "PJRT plugin {} does not exist (run scripts/setup.sh or set {})",
+            p.display(),
+            crate::env::PJRT_PLUGIN
+        );
     }
     Ok(p)
 }
 
 /// Outputs of a module, named by its manifest, as SPEC outputs.
-pub(super) fn named_outputs(manifest: &super::export::Manifest, data: Vec<Vec<f32>>) -> Result<Outputs> {
+pub(super) fn named_outputs(
+    manifest: &super::export::Manifest,
+    data: Vec<Vec<f32>>,
+) -> Result<Outputs> {
     let mut outputs = Outputs::default();
     for n in &manifest.not_provided {
-        let name = OutputName::parse(n).with_context(|| format!("manifest: `{n}` (not provided) is not a SPEC output"))?;
+        let name = OutputName::parse(n)
+            .with_context(|| format!("manifest: `{n}` (not provided) is not a SPEC output"))?;
         outputs.not_provided.insert(name);
     }
     for (spec, d) in manifest.outputs.iter().zip(data) {
-        let name = OutputName::parse(&spec.name).with_context(|| format!("module output `{}` is not a SPEC output", spec.name))?;
+        let name = OutputName::parse(&spec.name)
+            .with_context(|| format!("module output `{}` is not a SPEC output", spec.name))?;
         if !outputs.not_provided.contains(&name) {
             outputs.insert(name, spec.shape.clone(), d); // a placeholder is dropped, never judged
         }
@@ -69,18 +82,38 @@ pub(super) fn named_outputs(manifest: &super::export::Manifest, data: Vec<Vec<f3
 }
 
 /// The case's inputs in the module's argument order, checked against its manifest.
-pub(super) fn host_args(manifest: &super::export::Manifest, case: &Case, inputs: &Inputs) -> Result<Vec<HostArg>> {
+pub(super) fn host_args(
+    manifest: &super::export::Manifest,
+    case: &Case,
+    inputs: &Inputs,
+) -> Result<Vec<HostArg>> {
     let tensors = inputs.tensors(case);
     let mut args = Vec::new();
     for spec in &manifest.inputs {
         let t = tensors
             .iter()
             .find(|t| t.name == spec.name)
-            .with_context(|| format!("module wants input `{}`, which the case does not have", spec.name))?;
+            .with_context(|| {
+                format!(
+                    "module wants input `{}`, which the case does not have",
+                    spec.name
+                )
+            })?;
         if t.shape != spec.shape || t.dtype_name() != spec.dtype {
-            bail!("input `{}`: case has {:?} {}, module wants {:?} {}", spec.name, t.shape, t.dtype_name(), spec.shape, spec.dtype);
+            bail!(
+                "input `{}`: case has {:?} {}, module wants {:?} {}",
+                spec.name,
+                t.shape,
+                t.dtype_name(),
+                spec.shape,
+                spec.dtype
+            );
         }
-        args.push(HostArg { dtype: spec.dtype.clone(), dims: spec.shape.iter().map(|&d| d as i64).collect(), bytes: t.to_le_bytes() });
+        args.push(HostArg {
+            dtype: spec.dtype.clone(),
+            dims: spec.shape.iter().map(|&d| d as i64).collect(),
+            bytes: t.to_le_bytes(),
+        });
     }
     Ok(args)
 }
@@ -117,8 +150,17 @@ impl PjrtCpu {
 
     /// Runs an implementation exported for another case (`run_as`) on `case`'s inputs:
     /// the wrong-knob tests use it to show the gates fail.
-    pub fn run_exported_as(&self, implementation: &str, run_as: &Case, case: &Case, inputs: &Inputs, opts: &RunOptions) -> Result<RunResult> {
-        let imp = self.options(implementation).with_context(|| format!("pjrt-cpu has no implementation `{implementation}` configured"))?;
+    pub fn run_exported_as(
+        &self,
+        implementation: &str,
+        run_as: &Case,
+        case: &Case,
+        inputs: &Inputs,
+        opts: &RunOptions,
+    ) -> Result<RunResult> {
+        let imp = self.options(implementation).with_context(|| {
+            format!("pjrt-cpu has no implementation `{implementation}` configured")
+        })?;
         let (manifest, module) = match self.exporter.get(imp, run_as)? {
             Exported::Ready { manifest, module } => (manifest, module),
             Exported::Unsupported(r) => bail!("unsupported: {r}"),
@@ -128,10 +170,27 @@ impl PjrtCpu {
         let spec = manifest.clone();
         let res = self
             .with_worker(|w| w.run(manifest, module, args, opts.warmup, opts.repeats))
-            .map_err(|e| super::export::explain_compile_failure(e, &spec, &self.plugin, "backends.pjrt-cpu.plugin"))?;
+            .map_err(|e| {
+                super::export::explain_compile_failure(
+                    e,
+                    &spec,
+                    &self.plugin,
+                    "backends.pjrt-cpu.plugin",
+                )
+            })?;
         let outputs = named_outputs(&spec, res.outputs)?;
-        let timing = if opts.repeats > 0 || res.timing.compile_s.is_some() { Some(res.timing) } else { None };
-        Ok(RunResult { outputs: Some(outputs), timing, memory: res.memory, cost: res.cost, ..Default::default() })
+        let timing = if opts.repeats > 0 || res.timing.compile_s.is_some() {
+            Some(res.timing)
+        } else {
+            None
+        };
+        Ok(RunResult {
+            outputs: Some(outputs),
+            timing,
+            memory: res.memory,
+            cost: res.cost,
+            ..Default::default()
+        })
     }
 }
 
@@ -145,12 +204,17 @@ impl Backend for PjrtCpu {
     }
 
     fn implementations(&self) -> Vec<String> {
-        self.impls.iter().map(|c| c.display_name().to_string()).collect()
+        self.impls
+            .iter()
+            .map(|c| c.display_name().to_string())
+            .collect()
     }
 
     fn supports(&self, implementation: &str, case: &Case) -> Result<(), String> {
         let Some(imp) = self.options(implementation) else {
-            return Err(format!("pjrt-cpu has no implementation `{implementation}` configured"));
+            return Err(format!(
+                "pjrt-cpu has no implementation `{implementation}` configured"
+            ));
         };
         // On the CPU plugin device memory is host memory, shared with the suite's own copy
         // of the inputs and the oracle: estimate and refuse rather than swap or get killed.
@@ -175,7 +239,13 @@ impl Backend for PjrtCpu {
         self.exporter.prepare_named(&self.impls, work)
     }
 
-    fn run(&self, implementation: &str, case: &Case, inputs: &Inputs, opts: &RunOptions) -> Result<RunResult> {
+    fn run(
+        &self,
+        implementation: &str,
+        case: &Case,
+        inputs: &Inputs,
+        opts: &RunOptions,
+    ) -> Result<RunResult> {
         self.run_exported_as(implementation, case, case, inputs, opts)
     }
 }

@@ -4,12 +4,12 @@
 use crate::cases::Case;
 use crate::config::ImplConfig;
 use anyhow::{anyhow, bail, Context, Result};
-use std::collections::HashMap;
-use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 
 /// The exporter protocol this suite speaks (`grpo_jax.protocol.PROTOCOL_VERSION`): passed
 /// as `--protocol` to every exporter command and checked by the probe, so a `grpo_jax`
@@ -34,11 +34,18 @@ impl PyEnv {
     fn command(&self) -> Command {
         let mut c = Command::new(&self.python);
         if !self.pythonpath.is_empty() {
-            let mut parts: Vec<std::ffi::OsString> = self.pythonpath.iter().map(|p| p.clone().into_os_string()).collect();
+            let mut parts: Vec<std::ffi::OsString> = self
+                .pythonpath
+                .iter()
+                .map(|p| p.clone().into_os_string())
+                .collect();
             if let Some(old) = std::env::var_os("PYTHONPATH").filter(|o| !o.is_empty()) {
                 parts.push(old);
             }
-            c.env("PYTHONPATH", std::env::join_paths(parts).unwrap_or_default());
+            c.env(
+                "PYTHONPATH",
+                std::env::join_paths(parts).unwrap_or_default(),
+            );
         }
         c.env("JAX_PLATFORMS", "cpu");
         c
@@ -48,7 +55,11 @@ impl PyEnv {
         if self.pythonpath.is_empty() {
             self.python.display().to_string()
         } else {
-            let pp: Vec<String> = self.pythonpath.iter().map(|p| p.display().to_string()).collect();
+            let pp: Vec<String> = self
+                .pythonpath
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
             format!("{} (pythonpath {})", self.python.display(), pp.join(":"))
         }
     }
@@ -75,7 +86,13 @@ pub fn write_atomically(path: &Path, text: &str) {
     if std::fs::create_dir_all(dir).is_err() {
         return;
     }
-    let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()));
+    let tmp = dir.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    ));
     if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, path).is_err() {
         std::fs::remove_file(&tmp).ok();
     }
@@ -84,7 +101,11 @@ pub fn write_atomically(path: &Path, text: &str) {
 /// The one-line error of a failed exporter process: the protocol mismatch line as is.
 fn exporter_failure(env: &PyEnv, status: std::process::ExitStatus, stderr: &[u8]) -> anyhow::Error {
     let err = String::from_utf8_lossy(stderr);
-    let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(no message)");
+    let last = err
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("(no message)");
     if status.code() == Some(MISMATCH_EXIT) {
         anyhow!("{last}")
     } else {
@@ -104,7 +125,12 @@ pub fn pinned_jax_version() -> &'static str {
 /// A compile failure of a module, explained when its exporter's jax is not the pinned
 /// one: a newer jax can emit StableHLO an older plugin cannot read. One line naming both
 /// versions and the fix, then the plugin's own message.
-pub fn explain_compile_failure(err: anyhow::Error, manifest: &Manifest, plugin: &Path, config_key: &str) -> anyhow::Error {
+pub fn explain_compile_failure(
+    err: anyhow::Error,
+    manifest: &Manifest,
+    plugin: &Path,
+    config_key: &str,
+) -> anyhow::Error {
     let pinned = pinned_jax_version();
     // Only compile failures (the worker's "compile of <module>: ..."), never run errors.
     if manifest.jax_version == pinned || !format!("{err:#}").starts_with("compile of") {
@@ -277,16 +303,31 @@ pub fn export_batch(
     }
     let mut child = env
         .command()
-        .args(["-m", "grpo_jax.export", "--protocol", &PROTOCOL.to_string(), "--requests", "-", "--cache-dir"])
+        .args([
+            "-m",
+            "grpo_jax.export",
+            "--protocol",
+            &PROTOCOL.to_string(),
+            "--requests",
+            "-",
+            "--cache-dir",
+        ])
         .arg(cache_dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .with_context(|| format!("cannot start the exporter {} (run scripts/setup.sh)", env.describe()))?;
+        .with_context(|| {
+            format!(
+                "cannot start the exporter {} (run scripts/setup.sh)",
+                env.describe()
+            )
+        })?;
     let mut stdin = child.stdin.take().context("exporter stdin")?;
     let writer = std::thread::spawn(move || stdin.write_all(lines.as_bytes()));
-    let out = child.wait_with_output().context("waiting for the exporter")?;
+    let out = child
+        .wait_with_output()
+        .context("waiting for the exporter")?;
     writer.join().ok();
     if !out.status.success() {
         return Err(exporter_failure(env, out.status, &out.stderr));
@@ -296,13 +337,19 @@ pub fn export_batch(
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
-            let r: Response = serde_json::from_str(l).with_context(|| format!("unreadable exporter line: {l}"))?;
+            let r: Response = serde_json::from_str(l)
+                .with_context(|| format!("unreadable exporter line: {l}"))?;
             Ok(match r.status.as_str() {
                 "ok" => {
                     let dir = r.dir.context("exporter result without dir")?;
-                    Exported::Ready { manifest: r.manifest.context("exporter result without manifest")?, module: dir.join("module.mlirbc") }
+                    Exported::Ready {
+                        manifest: r.manifest.context("exporter result without manifest")?,
+                        module: dir.join("module.mlirbc"),
+                    }
                 }
-                "unsupported" => Exported::Unsupported(r.reason.unwrap_or_else(|| "unsupported".into())),
+                "unsupported" => {
+                    Exported::Unsupported(r.reason.unwrap_or_else(|| "unsupported".into()))
+                }
                 _ => Exported::Failed(format!(
                     "export failed: {}{}",
                     r.message.unwrap_or_default(),
@@ -312,7 +359,12 @@ pub fn export_batch(
         })
         .collect::<Result<_>>()?;
     if results.len() != work.len() {
-        bail!("exporter answered {} of {} requests; stderr: {}", results.len(), work.len(), String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "exporter answered {} of {} requests; stderr: {}",
+            results.len(),
+            work.len(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(results)
 }
@@ -328,8 +380,14 @@ fn check_python(env: &PyEnv) -> Result<()> {
     let probe = "import importlib.util, sys\nprint('grpo-probe')\nif importlib.util.find_spec('grpo_jax') is None: sys.exit(3)\ntry:\n    from grpo_jax.protocol import PROTOCOL_VERSION\nexcept ImportError:\n    sys.exit(5)\nprint('protocol', PROTOCOL_VERSION)";
     let out = env.command().args(["-c", probe]).output();
     let python = env.python.display();
-    let hint = format!("set {} or the entry's `python` to a venv's python, or run scripts/setup.sh", crate::env::PYTHON);
-    let install = format!("{python} -m pip install {}", crate::repo_root().join("backends/jax").display());
+    let hint = format!(
+        "set {} or the entry's `python` to a venv's python, or run scripts/setup.sh",
+        crate::env::PYTHON
+    );
+    let install = format!(
+        "{python} -m pip install {}",
+        crate::repo_root().join("backends/jax").display()
+    );
     match out {
         Err(e) => bail!("cannot run the exporter's Python {python}: {e} ({hint})"),
         Ok(o) if !String::from_utf8_lossy(&o.stdout).contains("grpo-probe") => {
@@ -379,21 +437,38 @@ impl Exporter {
     /// The exporter for `platform` (`cpu` or `tpu`): `GRPO_PYTHON` or the venv's Python,
     /// `GRPO_ARTIFACTS` or `target/grpo-artifacts`. Errors say what is missing.
     pub fn new(platform: &str) -> Result<Exporter> {
-        let python = crate::env::python()?.unwrap_or_else(|| crate::repo_root().join(".venv/bin/python"));
+        let python =
+            crate::env::python()?.unwrap_or_else(|| crate::repo_root().join(".venv/bin/python"));
         if !python.exists() {
-            bail!("no Python for the exporter at {} (run scripts/setup.sh or set {})", python.display(), crate::env::PYTHON);
+            bail!(
+                "no Python for the exporter at {} (run scripts/setup.sh or set {})",
+                python.display(),
+                crate::env::PYTHON
+            );
         }
-        let default_env = PyEnv { python, pythonpath: Vec::new() };
+        let default_env = PyEnv {
+            python,
+            pythonpath: Vec::new(),
+        };
         check_python(&default_env)?;
-        let cache_dir = crate::env::artifacts()?.unwrap_or_else(|| crate::repo_root().join("target/grpo-artifacts"));
-        Ok(Exporter { default_env, cache_dir, platform: platform.into(), done: Mutex::new(HashMap::new()) })
+        let cache_dir = crate::env::artifacts()?
+            .unwrap_or_else(|| crate::repo_root().join("target/grpo-artifacts"));
+        Ok(Exporter {
+            default_env,
+            cache_dir,
+            platform: platform.into(),
+            done: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The environment that exports `imp`: its entry's `python` / `pythonpath`, else the
     /// suite's.
     pub fn env_of(&self, imp: &ImplConfig) -> PyEnv {
         PyEnv {
-            python: imp.python.clone().unwrap_or_else(|| self.default_env.python.clone()),
+            python: imp
+                .python
+                .clone()
+                .unwrap_or_else(|| self.default_env.python.clone()),
             pythonpath: imp.pythonpath.clone(),
         }
     }
@@ -412,8 +487,9 @@ impl Exporter {
         if todo.is_empty() {
             return Ok(());
         }
-        std::fs::create_dir_all(&self.cache_dir)
-            .with_context(|| format!("cannot create artifact cache {}", self.cache_dir.display()))?;
+        std::fs::create_dir_all(&self.cache_dir).with_context(|| {
+            format!("cannot create artifact cache {}", self.cache_dir.display())
+        })?;
         // One exporter process per environment.
         let mut groups: Vec<(PyEnv, Vec<(&ImplConfig, &Case)>)> = Vec::new();
         for (i, c) in todo {
@@ -425,7 +501,10 @@ impl Exporter {
         }
         for (env, work) in groups {
             check_python(&env)?;
-            let requests: Vec<_> = work.iter().map(|(o, c)| (o.id.as_str(), &o.options, *c)).collect();
+            let requests: Vec<_> = work
+                .iter()
+                .map(|(o, c)| (o.id.as_str(), &o.options, *c))
+                .collect();
             let results = export_batch(&env, &self.cache_dir, &self.platform, &requests)?;
             let mut done = self.done.lock().unwrap();
             for ((i, c), r) in work.iter().zip(results) {
@@ -441,7 +520,13 @@ impl Exporter {
         let env = &self.default_env;
         let out = env
             .command()
-            .args(["-m", "grpo_jax.export", "--protocol", &PROTOCOL.to_string(), "--list-impls"])
+            .args([
+                "-m",
+                "grpo_jax.export",
+                "--protocol",
+                &PROTOCOL.to_string(),
+                "--list-impls",
+            ])
             .stderr(Stdio::piped())
             .output()
             .with_context(|| format!("cannot start the exporter {}", env.describe()))?;
@@ -459,7 +544,13 @@ impl Exporter {
             .unwrap()
             .get(&(imp.display_name().to_string(), case.id.clone()))
             .cloned()
-            .ok_or_else(|| anyhow!("exporter gave no answer for {} on {}", imp.display_name(), case.id))
+            .ok_or_else(|| {
+                anyhow!(
+                    "exporter gave no answer for {} on {}",
+                    imp.display_name(),
+                    case.id
+                )
+            })
     }
 
     /// Checks configured implementations with the exporter's registry (ids, option names,
@@ -522,22 +613,36 @@ impl Exporter {
         });
         // A cached answer that does not parse (another process's copy caught half-written
         // by an older suite, a disk full) is asked again, never an error.
-        let from_cache = cached.as_ref().and_then(|p| std::fs::read_to_string(p).ok()).and_then(|t| parse_check_answer(&t).ok());
+        let from_cache = cached
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| parse_check_answer(&t).ok());
         let answers = match from_cache {
             Some(a) => a,
             None => {
                 let mut child = env
                     .command()
-                    .args(["-m", "grpo_jax.export", "--protocol", &PROTOCOL.to_string(), "--check-config"])
+                    .args([
+                        "-m",
+                        "grpo_jax.export",
+                        "--protocol",
+                        &PROTOCOL.to_string(),
+                        "--check-config",
+                    ])
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
                     .spawn()
                     .with_context(|| format!("cannot start the exporter {}", env.describe()))?;
-                child.stdin.take().context("exporter stdin")?.write_all(body.as_bytes())?;
+                child
+                    .stdin
+                    .take()
+                    .context("exporter stdin")?
+                    .write_all(body.as_bytes())?;
                 let out = child.wait_with_output()?;
                 if !out.status.success() {
-                    return Err(exporter_failure(env, out.status, &out.stderr).context("the exporter could not check the configuration"));
+                    return Err(exporter_failure(env, out.status, &out.stderr)
+                        .context("the exporter could not check the configuration"));
                 }
                 let t = String::from_utf8(out.stdout).context("exporter output is not UTF-8")?;
                 let answers = parse_check_answer(&t)?;
@@ -550,7 +655,13 @@ impl Exporter {
         Ok(answers
             .into_iter()
             .filter(|a| !a.ok)
-            .map(|a| format!("implementation `{}`: {}", a.name, a.error.unwrap_or_default()))
+            .map(|a| {
+                format!(
+                    "implementation `{}`: {}",
+                    a.name,
+                    a.error.unwrap_or_default()
+                )
+            })
             .collect())
     }
 
@@ -565,7 +676,10 @@ impl Exporter {
 
     /// Exports the work items whose implementation is one of `impls` (by name).
     pub fn prepare_named(&self, impls: &[ImplConfig], work: &[(&str, &Case)]) -> Result<()> {
-        let w: Vec<(&ImplConfig, &Case)> = work.iter().filter_map(|(n, c)| find(impls, n).map(|o| (o, *c))).collect();
+        let w: Vec<(&ImplConfig, &Case)> = work
+            .iter()
+            .filter_map(|(n, c)| find(impls, n).map(|o| (o, *c)))
+            .collect();
         self.ensure(&w)
     }
 
@@ -597,18 +711,44 @@ mod tests {
     #[test]
     fn a_compile_failure_of_another_jax_names_both_versions_and_the_fix() {
         let pinned = pinned_jax_version();
-        assert!(pinned.chars().next().is_some_and(|c| c.is_ascii_digit()), "{pinned}");
+        assert!(
+            pinned.chars().next().is_some_and(|c| c.is_ascii_digit()),
+            "{pinned}"
+        );
         let plugin = Path::new("/p/xla_cpu.so");
-        let e = explain_compile_failure(anyhow!("compile of m: unknown op vhlo.foo_v9"), &manifest("0.99.0"), plugin, "backends.pjrt-cpu.plugin");
+        let e = explain_compile_failure(
+            anyhow!("compile of m: unknown op vhlo.foo_v9"),
+            &manifest("0.99.0"),
+            plugin,
+            "backends.pjrt-cpu.plugin",
+        );
         let m = format!("{e:#}");
-        assert!(m.contains("jax 0.99.0") && m.contains(&format!("jax {pinned}")), "{m}");
-        assert!(m.contains("backends.pjrt-cpu.plugin") && m.contains("/p/xla_cpu.so") && m.contains("vhlo.foo_v9"), "{m}");
+        assert!(
+            m.contains("jax 0.99.0") && m.contains(&format!("jax {pinned}")),
+            "{m}"
+        );
+        assert!(
+            m.contains("backends.pjrt-cpu.plugin")
+                && m.contains("/p/xla_cpu.so")
+                && m.contains("vhlo.foo_v9"),
+            "{m}"
+        );
         assert_eq!(m.lines().count(), 1, "{m}");
         // The pinned jax: the plugin's message as is.
-        let e = explain_compile_failure(anyhow!("compile of m: boom"), &manifest(pinned), plugin, "x");
+        let e = explain_compile_failure(
+            anyhow!("compile of m: boom"),
+            &manifest(pinned),
+            plugin,
+            "x",
+        );
         assert_eq!(format!("{e:#}"), "compile of m: boom");
         // Another jax, but not a compile failure: as is.
-        let e = explain_compile_failure(anyhow!("execute: out of memory"), &manifest("0.99.0"), plugin, "x");
+        let e = explain_compile_failure(
+            anyhow!("execute: out of memory"),
+            &manifest("0.99.0"),
+            plugin,
+            "x",
+        );
         assert_eq!(format!("{e:#}"), "execute: out of memory");
     }
 }

@@ -43,7 +43,9 @@ pub fn venv_site_file(rel: &str) -> Result<std::path::PathBuf, std::path::PathBu
         })
         .unwrap_or_default();
     found.sort();
-    found.pop().ok_or_else(|| lib.join("python3*/site-packages").join(rel))
+    found
+        .pop()
+        .ok_or_else(|| lib.join("python3*/site-packages").join(rel))
 }
 
 /// The backend name of a `tpu-aot` topology: `v6e:2x2` → `tpu-aot-v6e-2x2`.
@@ -53,17 +55,30 @@ pub fn tpu_aot_name(topology: &str) -> String {
 
 /// Adds the configured PJRT backends to `ok`, or says in `missing` why each is not there.
 #[cfg(feature = "pjrt")]
-pub(crate) fn available(b: &BackendsConfig, ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+pub(crate) fn available(
+    b: &BackendsConfig,
+    ok: &mut Vec<Arc<dyn Backend>>,
+    missing: &mut Vec<Unavailable>,
+) {
     let mut push = |name: String, r: anyhow::Result<Arc<dyn Backend>>| match r {
         Ok(x) => ok.push(x),
-        Err(e) => missing.push(Unavailable { name, reason: format!("{e:#}") }),
+        Err(e) => missing.push(Unavailable {
+            name,
+            reason: format!("{e:#}"),
+        }),
     };
     if let Some(c) = &b.pjrt_cpu {
-        push("pjrt-cpu".into(), cpu::PjrtCpu::new(c).map(|x| Arc::new(x) as Arc<dyn Backend>));
+        push(
+            "pjrt-cpu".into(),
+            cpu::PjrtCpu::new(c).map(|x| Arc::new(x) as Arc<dyn Backend>),
+        );
     }
     if let Some(c) = &b.tpu_aot {
         for t in &c.topologies {
-            push(tpu_aot_name(t), tpu_aot::TpuAot::new(c, t).map(|x| Arc::new(x) as Arc<dyn Backend>));
+            push(
+                tpu_aot_name(t),
+                tpu_aot::TpuAot::new(c, t).map(|x| Arc::new(x) as Arc<dyn Backend>),
+            );
         }
     }
     if let Some(c) = &b.pjrt_tpu {
@@ -73,11 +88,16 @@ pub(crate) fn available(b: &BackendsConfig, ok: &mut Vec<Arc<dyn Backend>>, miss
 
 /// Without the `pjrt` feature every PJRT backend is unavailable, with that reason.
 #[cfg(not(feature = "pjrt"))]
-pub(crate) fn available(b: &BackendsConfig, _ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+pub(crate) fn available(
+    b: &BackendsConfig,
+    _ok: &mut Vec<Arc<dyn Backend>>,
+    missing: &mut Vec<Unavailable>,
+) {
     for name in b.names().into_iter().filter(|n| n != "reference") {
         missing.push(Unavailable {
             name,
-            reason: "built without `pjrt` (the default feature; build with `--features pjrt`)".into(),
+            reason: "built without `pjrt` (the default feature; build with `--features pjrt`)"
+                .into(),
         });
     }
 }

@@ -15,11 +15,11 @@ use crate::config::ImplConfig;
 use crate::cost::roofline::{generation_of_topology, roofline, Generation};
 use crate::cost::speed::{judge, BASELINE};
 use crate::cost::{DerivedCost, COST_MODEL_VERSION};
-use std::collections::HashMap;
 use crate::inputs::Inputs;
 use anyhow::{anyhow, bail, Context, Result};
 use grpo_pjrt::proto::OptionOverrideValue;
 use grpo_pjrt::{Plugin, Program, Topology};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -40,15 +40,29 @@ pub const DUMP_ENV: &str = "GRPO_TPU_DUMP_TO";
 /// on machines without TPU chips.
 pub const ALLOW_MULTIPLE_LOADS: (&str, &str) = ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1");
 
-/// Sets [`SKIP_METADATA`] (and, without chips, [`ALLOW_MULTIPLE_LOADS`]) unless the user
-/// set them. Front ends call this at start-up, before any thread exists; [`load_libtpu`]
+/// Without the metadata server, libtpu reads the host's accelerator type and worker
+/// hostnames from the environment and, when they are unset, logs three lines of warnings
+/// and an `E0000` error at load. A deviceless compile uses neither (the topology is given
+/// to the compiler; results are identical with and without these, checked on the smoke
+/// suite for v5e, v6e and tpu7x), so without chips they are set to quiet values.
+pub const DEVICELESS_HOST: [(&str, &str); 2] = [
+    ("TPU_ACCELERATOR_TYPE", "v6e-4"),
+    ("TPU_WORKER_HOSTNAMES", "localhost"),
+];
+
+/// Sets [`SKIP_METADATA`] (and, without chips, [`ALLOW_MULTIPLE_LOADS`] and
+/// [`DEVICELESS_HOST`]) unless the user set them. Front ends call this at start-up, before any thread exists; [`load_libtpu`]
 /// calls it again as a fallback.
 pub fn prepare_environment() {
     if std::env::var_os(SKIP_METADATA.0).is_none() {
         std::env::set_var(SKIP_METADATA.0, SKIP_METADATA.1);
     }
-    if std::env::var_os(ALLOW_MULTIPLE_LOADS.0).is_none() && super::tpu::no_chips_reason().is_some() {
-        std::env::set_var(ALLOW_MULTIPLE_LOADS.0, ALLOW_MULTIPLE_LOADS.1);
+    if super::tpu::no_chips_reason().is_some() {
+        for (k, v) in std::iter::once(ALLOW_MULTIPLE_LOADS).chain(DEVICELESS_HOST) {
+            if std::env::var_os(k).is_none() {
+                std::env::set_var(k, v);
+            }
+        }
     }
 }
 
@@ -59,7 +73,10 @@ pub fn libtpu_path(configured: Option<&PathBuf>) -> Result<PathBuf> {
     }
     if let Some(p) = configured {
         if !p.is_file() {
-            bail!("libtpu {} (the config's `plugin`) does not exist", p.display());
+            bail!(
+                "libtpu {} (the config's `plugin`) does not exist",
+                p.display()
+            );
         }
         return Ok(p.clone());
     }
@@ -79,7 +96,13 @@ pub fn libtpu_version(so: &Path) -> String {
         .into_iter()
         .flatten()
         .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("libtpu-")).and_then(|n| n.strip_suffix(".dist-info")).map(String::from))
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("libtpu-"))
+                .and_then(|n| n.strip_suffix(".dist-info"))
+                .map(String::from)
+        })
         .next()
         .unwrap_or_else(|| "unknown".into())
 }
@@ -93,13 +116,16 @@ pub fn load_libtpu(path: &Path) -> Result<Plugin> {
 /// Chips of a topology name such as `v6e:2x4` (the product of its dimensions).
 pub fn topology_chips(topology: &str) -> Option<usize> {
     let dims = topology.split(':').nth(1)?;
-    dims.split('x').map(|d| d.trim().parse::<usize>().ok()).product()
+    dims.split('x')
+        .map(|d| d.trim().parse::<usize>().ok())
+        .product()
 }
 
 /// Devices of a topology: its chips times the devices per chip of its generation (a
 /// tpu7x chip is two devices, one per TensorCore: libtpu describes `tpu7x:2x2x1` as 8).
 pub fn topology_devices(topology: &str) -> Option<usize> {
-    let per_chip = crate::cost::roofline::generation_of_topology(topology).map_or(1, |g| g.devices_per_chip as usize);
+    let per_chip = crate::cost::roofline::generation_of_topology(topology)
+        .map_or(1, |g| g.devices_per_chip as usize);
     topology_chips(topology).map(|c| c * per_chip)
 }
 
@@ -177,11 +203,17 @@ impl TpuAot {
     /// larger than VMEM) both peaks agree within 0.3%.
     pub fn compile_module(&self, module: &Path, manifest: &Manifest) -> Result<RunResult> {
         let num_partitions = manifest.num_partitions;
-        let code = std::fs::read(module).with_context(|| format!("cannot read {}", module.display()))?;
+        let code =
+            std::fs::read(module).with_context(|| format!("cannot read {}", module.display()))?;
         let _guard = compile_lock().lock().unwrap_or_else(|p| p.into_inner());
         let plugin = load_libtpu(&self.plugin)?;
-        let topo = Topology::create(&plugin, &self.topology, &[])
-            .map_err(|e| anyhow!("libtpu {} cannot describe topology `{}`: {e}", self.version, self.topology))?;
+        let topo = Topology::create(&plugin, &self.topology, &[]).map_err(|e| {
+            anyhow!(
+                "libtpu {} cannot describe topology `{}`: {e}",
+                self.version,
+                self.topology
+            )
+        })?;
         let devices = topo.device_descriptions().map(|d| d.len()).unwrap_or(0);
         if num_partitions > devices.max(1) {
             bail!("the module is partitioned over {num_partitions} devices but topology {} has {devices}", self.topology);
@@ -198,23 +230,41 @@ impl TpuAot {
         let with_vmem = memory_of(&exe, "").and_then(|m| m.peak_bytes);
         let derived = derive_cost(&exe, manifest);
         let mut hbm_only = options.clone();
-        hbm_only.option_overrides.push((HBM_ONLY_OPTION.into(), OptionOverrideValue::BoolField(false)));
+        hbm_only.option_overrides.push((
+            HBM_ONLY_OPTION.into(),
+            OptionOverrideValue::BoolField(false),
+        ));
         if let Some(dir) = std::env::var_os(DUMP_ENV) {
             // Debugging where the HBM goes: XLA's HLO dumps (buffer assignment included)
             // of the HBM-only compile.
-            hbm_only.option_overrides.push(("xla_dump_to".into(), OptionOverrideValue::StringField(dir.to_string_lossy().into())));
-            hbm_only.option_overrides.push(("xla_dump_hlo_as_text".into(), OptionOverrideValue::BoolField(true)));
+            hbm_only.option_overrides.push((
+                "xla_dump_to".into(),
+                OptionOverrideValue::StringField(dir.to_string_lossy().into()),
+            ));
+            hbm_only.option_overrides.push((
+                "xla_dump_hlo_as_text".into(),
+                OptionOverrideValue::BoolField(true),
+            ));
         }
-        let exe_hbm = topo
-            .compile(&program, &hbm_only)
-            .map_err(|e| anyhow!("TPU compile for {} with {HBM_ONLY_OPTION}=false failed: {e}", self.topology))?;
+        let exe_hbm = topo.compile(&program, &hbm_only).map_err(|e| {
+            anyhow!(
+                "TPU compile for {} with {HBM_ONLY_OPTION}=false failed: {e}",
+                self.topology
+            )
+        })?;
         let mut memory = memory_of(
             &exe_hbm,
-            &format!("libtpu {} {} (deviceless, per device, HBM: {HBM_ONLY_OPTION}=false)", self.version, self.topology),
+            &format!(
+                "libtpu {} {} (deviceless, per device, HBM: {HBM_ONLY_OPTION}=false)",
+                self.version, self.topology
+            ),
         );
         match memory.as_mut() {
             Some(m) if m.peak_bytes.is_some() => m.peak_with_vmem_prefetch_bytes = with_vmem,
-            _ => bail!("libtpu {} reported no peak memory for the executable", self.version),
+            _ => bail!(
+                "libtpu {} reported no peak memory for the executable",
+                self.version
+            ),
         }
         let (derived, cost_error) = match derived {
             Ok(d) => (Some(d), None),
@@ -222,7 +272,10 @@ impl TpuAot {
         };
         Ok(RunResult {
             outputs: None,
-            timing: Some(Timing { compile_s: Some(compile_s), runs_s: Vec::new() }),
+            timing: Some(Timing {
+                compile_s: Some(compile_s),
+                runs_s: Vec::new(),
+            }),
             memory,
             cost: cost_of(&exe),
             derived,
@@ -234,12 +287,15 @@ impl TpuAot {
     /// The derived cost of a module on this topology from the production compile alone
     /// (no memory figures): what a speed budget needs of the baseline.
     fn derive_only(&self, module: &Path, manifest: &Manifest) -> Result<DerivedCost, String> {
-        let code = std::fs::read(module).map_err(|e| format!("cannot read {}: {e}", module.display()))?;
+        let code =
+            std::fs::read(module).map_err(|e| format!("cannot read {}: {e}", module.display()))?;
         let _guard = compile_lock().lock().unwrap_or_else(|p| p.into_inner());
         let plugin = load_libtpu(&self.plugin).map_err(|e| format!("{e:#}"))?;
-        let topo = Topology::create(&plugin, &self.topology, &[]).map_err(|e| format!("libtpu cannot describe topology `{}`: {e}", self.topology))?;
+        let topo = Topology::create(&plugin, &self.topology, &[])
+            .map_err(|e| format!("libtpu cannot describe topology `{}`: {e}", self.topology))?;
         let ids: Vec<i64> = (0..manifest.num_partitions.max(1) as i64).collect();
-        let options = super::worker::compile_options(manifest.num_partitions, &ids).map_err(|e| format!("{e:#}"))?;
+        let options = super::worker::compile_options(manifest.num_partitions, &ids)
+            .map_err(|e| format!("{e:#}"))?;
         let exe = topo
             .compile(&Program::mlir_bytecode(code), &options)
             .map_err(|e| format!("TPU compile for {} failed: {e}", self.topology))?;
@@ -254,19 +310,40 @@ impl TpuAot {
     /// jax_baseline's derived cost on `case` and this topology (computed once per case and
     /// process, and kept on disk next to the baseline's export).
     fn baseline_cost(&self, case: &Case) -> Result<DerivedCost, String> {
-        let cell = self.baselines.lock().unwrap().entry(case.id.clone()).or_default().clone();
+        let cell = self
+            .baselines
+            .lock()
+            .unwrap()
+            .entry(case.id.clone())
+            .or_default()
+            .clone();
         cell.get_or_init(|| {
             let base = self.baseline_entry();
-            let (module, manifest) = match self.exporter.get(&base, case).map_err(|e| format!("{e:#}"))? {
+            let (module, manifest) = match self
+                .exporter
+                .get(&base, case)
+                .map_err(|e| format!("{e:#}"))?
+            {
                 Exported::Ready { module, manifest } => (module, manifest),
-                Exported::Unsupported(r) => return Err(format!("{BASELINE} does not support the case: {r}")),
+                Exported::Unsupported(r) => {
+                    return Err(format!("{BASELINE} does not support the case: {r}"))
+                }
                 Exported::Failed(e) => return Err(format!("{BASELINE} export failed: {e}")),
             };
-            let cached = module.with_file_name(format!("derived-{}-libtpu{}-v{COST_MODEL_VERSION}.json", self.topology.replace(':', "-"), self.version));
-            if let Some(d) = std::fs::read_to_string(&cached).ok().and_then(|t| serde_json::from_str::<DerivedCost>(&t).ok()) {
+            let cached = module.with_file_name(format!(
+                "derived-{}-libtpu{}-v{COST_MODEL_VERSION}.json",
+                self.topology.replace(':', "-"),
+                self.version
+            ));
+            if let Some(d) = std::fs::read_to_string(&cached)
+                .ok()
+                .and_then(|t| serde_json::from_str::<DerivedCost>(&t).ok())
+            {
                 return Ok(d);
             }
-            let d = self.derive_only(&module, &manifest).map_err(|e| format!("{BASELINE}: {e}"))?;
+            let d = self
+                .derive_only(&module, &manifest)
+                .map_err(|e| format!("{BASELINE}: {e}"))?;
             if let Ok(text) = serde_json::to_string(&d) {
                 super::export::write_atomically(&cached, &text);
             }
@@ -292,9 +369,14 @@ impl TpuAot {
 
 /// The suite's derived cost of a compiled executable: its optimized HLO walked with the
 /// manifest's kernel derivations; `Err` says why it cannot be derived.
-pub fn derive_cost(exe: &grpo_pjrt::Executable, manifest: &Manifest) -> Result<DerivedCost, String> {
+pub fn derive_cost(
+    exe: &grpo_pjrt::Executable,
+    manifest: &Manifest,
+) -> Result<DerivedCost, String> {
     if let Some(e) = &manifest.kernel_cost_error {
-        return Err(format!("the exporter could not derive the Mosaic kernels' cost: {e}"));
+        return Err(format!(
+            "the exporter could not derive the Mosaic kernels' cost: {e}"
+        ));
     }
     let (format, bytes) = exe
         .optimized_program()
@@ -312,15 +394,24 @@ impl Backend for TpuAot {
     }
 
     fn implementations(&self) -> Vec<String> {
-        self.impls.iter().map(|c| c.display_name().to_string()).collect()
+        self.impls
+            .iter()
+            .map(|c| c.display_name().to_string())
+            .collect()
     }
 
     fn supports(&self, implementation: &str, case: &Case) -> Result<(), String> {
         let Some(imp) = self.options(implementation) else {
-            return Err(format!("{} has no implementation `{implementation}` configured", self.name));
+            return Err(format!(
+                "{} has no implementation `{implementation}` configured",
+                self.name
+            ));
         };
         if let Some(devices) = topology_devices(&self.topology).filter(|&c| case.devices > c) {
-            return Err(format!("the case needs {} devices, topology {} has {devices}", case.devices, self.topology));
+            return Err(format!(
+                "the case needs {} devices, topology {} has {devices}",
+                case.devices, self.topology
+            ));
         }
         self.exporter.support(imp, case)
     }
@@ -344,8 +435,16 @@ impl Backend for TpuAot {
         self.exporter.ensure(&w)
     }
 
-    fn run(&self, implementation: &str, case: &Case, _inputs: &Inputs, _opts: &RunOptions) -> Result<RunResult> {
-        let imp = self.options(implementation).with_context(|| format!("{} has no implementation `{implementation}`", self.name))?;
+    fn run(
+        &self,
+        implementation: &str,
+        case: &Case,
+        _inputs: &Inputs,
+        _opts: &RunOptions,
+    ) -> Result<RunResult> {
+        let imp = self
+            .options(implementation)
+            .with_context(|| format!("{} has no implementation `{implementation}`", self.name))?;
         let (module, manifest) = match self.exporter.get(imp, case)? {
             Exported::Ready { module, manifest } => (module, manifest),
             Exported::Unsupported(r) => bail!("unsupported: {r}"),
@@ -361,15 +460,30 @@ impl Backend for TpuAot {
         if imp.id == BASELINE && imp.options.is_empty() && !imp.is_external() {
             if let Some(d) = &res.derived {
                 // Shared with this case's speed budgets (no second compile).
-                let cell = self.baselines.lock().unwrap().entry(case.id.clone()).or_default().clone();
+                let cell = self
+                    .baselines
+                    .lock()
+                    .unwrap()
+                    .entry(case.id.clone())
+                    .or_default()
+                    .clone();
                 cell.get_or_init(|| Ok(d.clone()));
             }
         }
         if let Some(max) = imp.speed_budget_on(&case.id) {
             let g = generation.with_context(|| format!("a speed budget is configured but topology {} has no published peaks in the roofline table (v5e, v6e, tpu7x)", self.topology))?;
-            let own = res.derived.as_ref().ok_or_else(|| anyhow!("a speed budget is configured but the cost could not be derived: {}", res.cost_error.clone().unwrap_or_default()))?;
+            let own = res.derived.as_ref().ok_or_else(|| {
+                anyhow!(
+                    "a speed budget is configured but the cost could not be derived: {}",
+                    res.cost_error.clone().unwrap_or_default()
+                )
+            })?;
             let base = self.baseline_cost(case).map_err(|e| anyhow!("a speed budget is configured but jax_baseline's cost on the case is not available: {e}"))?.with_ratios(case, None);
-            res.speed = Some(judge(max, (own, &roofline(own, g)), (&base, &roofline(&base, g))));
+            res.speed = Some(judge(
+                max,
+                (own, &roofline(own, g)),
+                (&base, &roofline(&base, g)),
+            ));
         }
         Ok(res)
     }
@@ -379,11 +493,13 @@ impl Backend for TpuAot {
     }
 
     fn budget(&self, implementation: &str) -> Option<crate::backends::Budget> {
-        self.options(implementation).and_then(crate::backends::Budget::of)
+        self.options(implementation)
+            .and_then(crate::backends::Budget::of)
     }
 
     fn speed_budget(&self, implementation: &str, case: &Case) -> Option<f64> {
-        self.options(implementation).and_then(|c| c.speed_budget_on(&case.id))
+        self.options(implementation)
+            .and_then(|c| c.speed_budget_on(&case.id))
     }
 }
 

@@ -4,7 +4,10 @@
 use super::export::Manifest;
 use crate::backends::{Memory, Timing};
 use anyhow::{anyhow, bail, Context, Result};
-use grpo_pjrt::{Client, ClientOptions, CompileOptions, DeviceAssignment, ElementType, LoadedExecutable, Plugin, Program};
+use grpo_pjrt::{
+    Client, ClientOptions, CompileOptions, DeviceAssignment, ElementType, LoadedExecutable, Plugin,
+    Program,
+};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Sender};
@@ -65,10 +68,22 @@ fn element_type(name: &str) -> Result<ElementType> {
 
 fn widen(dtype: &str, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(match dtype {
-        "f32" => bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-        "bf16" => bytes.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        "f16" => bytes.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        "i32" => bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32).collect(),
+        "f32" => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        "bf16" => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        "f16" => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        "i32" => bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32)
+            .collect(),
         "pred" => bytes.iter().map(|&b| (b != 0) as u8 as f32).collect(),
         other => bail!("unsupported output dtype `{other}`"),
     })
@@ -78,12 +93,22 @@ impl Worker {
     /// Starts the worker: loads the plugin and creates the client on its own thread.
     /// Fails (with the plugin's message) if either does.
     pub fn start(plugin: PathBuf, cpu_device_count: Option<i64>) -> Result<Worker> {
-        Worker::start_labelled(plugin, cpu_device_count, "XLA:CPU (host memory: peak = arguments + outputs)", None)
+        Worker::start_labelled(
+            plugin,
+            cpu_device_count,
+            "XLA:CPU (host memory: peak = arguments + outputs)",
+            None,
+        )
     }
 
     /// Starts a worker whose memory figures carry `label`; `timeout` bounds client
     /// creation (libtpu without chips must fail fast, not hang).
-    pub fn start_labelled(plugin: PathBuf, cpu_device_count: Option<i64>, label: &str, timeout: Option<std::time::Duration>) -> Result<Worker> {
+    pub fn start_labelled(
+        plugin: PathBuf,
+        cpu_device_count: Option<i64>,
+        label: &str,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<Worker> {
         let label = label.to_string();
         let (tx, rx) = channel::<Job>();
         let (ready_tx, ready_rx) = channel::<Result<()>>();
@@ -91,7 +116,15 @@ impl Worker {
             .name("pjrt-worker".into())
             .spawn(move || {
                 let client = Plugin::load(&plugin)
-                    .and_then(|p| Client::new(&p, &ClientOptions { cpu_device_count, ..Default::default() }))
+                    .and_then(|p| {
+                        Client::new(
+                            &p,
+                            &ClientOptions {
+                                cpu_device_count,
+                                ..Default::default()
+                            },
+                        )
+                    })
                     .map_err(|e| anyhow!("PJRT plugin {}: {e}", plugin.display()));
                 let client = match client {
                     Ok(c) => {
@@ -111,21 +144,41 @@ impl Worker {
             })
             .context("cannot start the PJRT worker thread")?;
         match timeout {
-            None => ready_rx.recv().context("PJRT worker died during start-up")??,
-            Some(t) => ready_rx
-                .recv_timeout(t)
-                .map_err(|_| anyhow!("PJRT client creation did not finish within {} s", t.as_secs()))??,
+            None => ready_rx
+                .recv()
+                .context("PJRT worker died during start-up")??,
+            Some(t) => ready_rx.recv_timeout(t).map_err(|_| {
+                anyhow!(
+                    "PJRT client creation did not finish within {} s",
+                    t.as_secs()
+                )
+            })??,
         }
         Ok(Worker { tx })
     }
 
     /// Compiles (once per manifest key) and runs a module: warm-up, then timed runs.
-    pub fn run(&self, manifest: Manifest, module: PathBuf, args: Vec<HostArg>, warmup: usize, repeats: usize) -> Result<JobResult> {
+    pub fn run(
+        &self,
+        manifest: Manifest,
+        module: PathBuf,
+        args: Vec<HostArg>,
+        warmup: usize,
+        repeats: usize,
+    ) -> Result<JobResult> {
         let (reply, rx) = channel();
         self.tx
-            .send(Job { manifest, module, args, warmup, repeats, reply })
+            .send(Job {
+                manifest,
+                module,
+                args,
+                warmup,
+                repeats,
+                reply,
+            })
             .map_err(|_| anyhow!("PJRT worker is gone (an earlier job crashed it)"))?;
-        rx.recv().map_err(|_| anyhow!("PJRT worker died while running the job"))?
+        rx.recv()
+            .map_err(|_| anyhow!("PJRT worker died while running the job"))?
     }
 }
 
@@ -154,14 +207,25 @@ fn itemsize(dtype: &str) -> Result<usize> {
 }
 
 /// Part `d` of `n` of a row-major array split evenly along `axis`: (dims, bytes).
-pub fn shard_bytes(dims: &[i64], bytes: &[u8], item: usize, axis: usize, n: usize, d: usize) -> Result<(Vec<i64>, Vec<u8>)> {
+pub fn shard_bytes(
+    dims: &[i64],
+    bytes: &[u8],
+    item: usize,
+    axis: usize,
+    n: usize,
+    d: usize,
+) -> Result<(Vec<i64>, Vec<u8>)> {
     let size = dims[axis] as usize;
     if !size.is_multiple_of(n) {
         bail!("axis {axis} of {dims:?} does not split evenly over {n} devices");
     }
     let part = size / n;
     let outer: usize = dims[..axis].iter().map(|&x| x as usize).product();
-    let inner: usize = dims[axis + 1..].iter().map(|&x| x as usize).product::<usize>() * item;
+    let inner: usize = dims[axis + 1..]
+        .iter()
+        .map(|&x| x as usize)
+        .product::<usize>()
+        * item;
     let mut out = Vec::with_capacity(outer * part * inner);
     for o in 0..outer {
         let start = (o * size + d * part) * inner;
@@ -185,7 +249,13 @@ fn element_bytes(dtype: &str, value: f64) -> Result<Vec<u8>> {
 
 /// A row-major array extended along `axis` from `dims[axis]` to `to` with copies of `fill`
 /// (one element's bytes): (dims, bytes).
-pub fn pad_axis(dims: &[i64], bytes: &[u8], fill: &[u8], axis: usize, to: usize) -> (Vec<i64>, Vec<u8>) {
+pub fn pad_axis(
+    dims: &[i64],
+    bytes: &[u8],
+    fill: &[u8],
+    axis: usize,
+    to: usize,
+) -> (Vec<i64>, Vec<u8>) {
     let item = fill.len();
     let size = dims[axis] as usize;
     let outer: usize = dims[..axis].iter().map(|&x| x as usize).product();
@@ -204,17 +274,29 @@ pub fn pad_axis(dims: &[i64], bytes: &[u8], fill: &[u8], axis: usize, to: usize)
 
 /// The inverse of [`pad_axis`]: the first `keep` entries along `axis`, and whether every
 /// cut element is zero (+0 or −0; floats only, `item` 2 or 4 bytes).
-pub fn crop_axis(dims: &[i64], bytes: &[u8], item: usize, axis: usize, keep: usize) -> (Vec<u8>, bool) {
+pub fn crop_axis(
+    dims: &[i64],
+    bytes: &[u8],
+    item: usize,
+    axis: usize,
+    keep: usize,
+) -> (Vec<u8>, bool) {
     let size = dims[axis] as usize;
     let outer: usize = dims[..axis].iter().map(|&x| x as usize).product();
-    let inner: usize = dims[axis + 1..].iter().map(|&x| x as usize).product::<usize>() * item;
+    let inner: usize = dims[axis + 1..]
+        .iter()
+        .map(|&x| x as usize)
+        .product::<usize>()
+        * item;
     let mut out = Vec::with_capacity(outer * keep * inner);
     let mut zero = true;
     for o in 0..outer {
         let row = &bytes[o * size * inner..(o + 1) * size * inner];
         out.extend_from_slice(&row[..keep * inner]);
         // ±0: every byte zero but the sign bit (the last byte, little-endian).
-        zero &= row[keep * inner..].chunks_exact(item).all(|e| e[..item - 1].iter().all(|&b| b == 0) && e[item - 1] & 0x7f == 0);
+        zero &= row[keep * inner..]
+            .chunks_exact(item)
+            .all(|e| e[..item - 1].iter().all(|&b| b == 0) && e[item - 1] & 0x7f == 0);
     }
     (out, zero)
 }
@@ -223,7 +305,11 @@ pub fn crop_axis(dims: &[i64], bytes: &[u8], item: usize, axis: usize, keep: usi
 pub fn join_shards(parts: &[Vec<u8>], part_dims: &[i64], item: usize, axis: usize) -> Vec<u8> {
     let part = part_dims[axis] as usize;
     let outer: usize = part_dims[..axis].iter().map(|&x| x as usize).product();
-    let inner: usize = part_dims[axis + 1..].iter().map(|&x| x as usize).product::<usize>() * item;
+    let inner: usize = part_dims[axis + 1..]
+        .iter()
+        .map(|&x| x as usize)
+        .product::<usize>()
+        * item;
     let mut out = Vec::with_capacity(parts.len() * outer * part * inner);
     for o in 0..outer {
         for p in parts {
@@ -243,20 +329,29 @@ pub fn too_few_devices(n: usize, have: usize, platform_label: &str) -> String {
     }
 }
 
-fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: &Job, platform_label: &str) -> Result<JobResult> {
+fn run_job(
+    client: &Client,
+    cache: &mut HashMap<String, LoadedExecutable>,
+    job: &Job,
+    platform_label: &str,
+) -> Result<JobResult> {
     let m = &job.manifest;
     let n = m.num_partitions.max(1);
     let devices = client.addressable_devices()?;
     if devices.len() < n {
         bail!("{}", too_few_devices(n, devices.len(), platform_label));
     }
-    let ids: Vec<i64> = devices.iter().map(|d| d.id().map(i64::from)).collect::<std::result::Result<_, _>>()?;
+    let ids: Vec<i64> = devices
+        .iter()
+        .map(|d| d.id().map(i64::from))
+        .collect::<std::result::Result<_, _>>()?;
     let mut timing = Timing::default();
     if !cache.contains_key(&m.key) {
         if cache.len() >= 16 {
             cache.clear();
         }
-        let code = std::fs::read(&job.module).with_context(|| format!("cannot read {}", job.module.display()))?;
+        let code = std::fs::read(&job.module)
+            .with_context(|| format!("cannot read {}", job.module.display()))?;
         let t0 = Instant::now();
         let exe = client
             .compile(&Program::mlir_bytecode(code), &compile_options(n, &ids)?)
@@ -285,8 +380,11 @@ fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: 
             match spec.shard_axis.filter(|_| n > 1) {
                 None => row.push(client.buffer_from_bytes(et, &a.bytes, &a.dims, device)?),
                 Some(axis) => {
-                    let (gdims, gbytes) = pad.as_ref().map_or((&a.dims[..], &a.bytes[..]), |(d, b)| (&d[..], &b[..]));
-                    let (dims, bytes) = shard_bytes(gdims, gbytes, itemsize(&a.dtype)?, axis, n, d)?;
+                    let (gdims, gbytes) = pad
+                        .as_ref()
+                        .map_or((&a.dims[..], &a.bytes[..]), |(d, b)| (&d[..], &b[..]));
+                    let (dims, bytes) =
+                        shard_bytes(gdims, gbytes, itemsize(&a.dtype)?, axis, n, d)?;
                     row.push(client.buffer_from_bytes(et, &bytes, &dims, device)?);
                 }
             }
@@ -311,14 +409,21 @@ fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: 
     let per_device = last.unwrap();
     let first = per_device.first().context("no outputs for device 0")?;
     if first.len() != m.outputs.len() {
-        bail!("module returned {} outputs, manifest lists {}", first.len(), m.outputs.len());
+        bail!(
+            "module returned {} outputs, manifest lists {}",
+            first.len(),
+            m.outputs.len()
+        );
     }
     let mut outputs = Vec::with_capacity(m.outputs.len());
     for (j, spec) in m.outputs.iter().enumerate() {
         let bytes = match spec.shard_axis.filter(|_| n > 1) {
             None => first[j].to_host_bytes()?,
             Some(axis) => {
-                let parts = per_device.iter().map(|outs| outs[j].to_host_bytes()).collect::<std::result::Result<Vec<_>, _>>()?;
+                let parts = per_device
+                    .iter()
+                    .map(|outs| outs[j].to_host_bytes())
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
                 let part_dims = first[j].dims()?;
                 let item = itemsize(&spec.dtype)?;
                 let joined = join_shards(&parts, &part_dims, item, axis);
@@ -343,7 +448,14 @@ fn run_job(client: &Client, cache: &mut HashMap<String, LoadedExecutable>, job: 
     let cost = cost_of(exe.executable());
     let derived = (m.platform == "tpu").then(|| super::tpu_aot::derive_cost(exe.executable(), m));
     let device_kind = devices.first().and_then(|d| d.kind().ok());
-    Ok(JobResult { outputs, timing, memory, cost, derived, device_kind })
+    Ok(JobResult {
+        outputs,
+        timing,
+        memory,
+        cost,
+        derived,
+        device_kind,
+    })
 }
 
 /// Compiled memory statistics as [`Memory`] (floor filled in), labelled with `source`.
@@ -366,20 +478,33 @@ pub fn memory_of(exe: &grpo_pjrt::Executable, source: &str) -> Option<Memory> {
 
 /// The cost analysis properties the records keep.
 pub fn cost_of(exe: &grpo_pjrt::Executable) -> Option<std::collections::BTreeMap<String, f64>> {
-    let mut cost: Option<std::collections::BTreeMap<String, f64>> = exe.cost_analysis().ok().flatten().map(|c| {
-        ["flops", "transcendentals", "bytes accessed", "optimal_seconds", "utilization"]
+    let mut cost: Option<std::collections::BTreeMap<String, f64>> =
+        exe.cost_analysis().ok().flatten().map(|c| {
+            [
+                "flops",
+                "transcendentals",
+                "bytes accessed",
+                "optimal_seconds",
+                "utilization",
+            ]
             .iter()
             .filter_map(|k| c.get_f64(k).map(|v| (k.to_string(), v)))
             .collect()
-    });
+        });
     // Multi-device modules: the collectives the partitioner inserted, from the compiled
     // HLO (the cost analysis has no separate figure for them).
     if exe.num_partitions().unwrap_or(1) > 1 {
         if let Ok(Some((format, bytes))) = exe.optimized_program() {
             if let Some(Ok(list)) = grpo_pjrt::hlo::collectives_of(&format, &bytes) {
                 let c = cost.get_or_insert_with(Default::default);
-                c.insert("collectives".into(), list.iter().map(|x| x.count as f64).sum());
-                c.insert("collective bytes".into(), list.iter().map(|x| x.bytes as f64).sum());
+                c.insert(
+                    "collectives".into(),
+                    list.iter().map(|x| x.count as f64).sum(),
+                );
+                c.insert(
+                    "collective bytes".into(),
+                    list.iter().map(|x| x.bytes as f64).sum(),
+                );
                 for x in list {
                     c.insert(format!("{} count", x.kind), x.count as f64);
                     c.insert(format!("{} bytes", x.kind), x.bytes as f64);
@@ -401,9 +526,16 @@ mod tests {
         for axis in [0usize, 2] {
             let n = dims[axis] as usize;
             let n = if n.is_multiple_of(4) { 4 } else { 2 };
-            let parts: Vec<(Vec<i64>, Vec<u8>)> = (0..n).map(|d| shard_bytes(&dims, &bytes, 1, axis, n, d).unwrap()).collect();
+            let parts: Vec<(Vec<i64>, Vec<u8>)> = (0..n)
+                .map(|d| shard_bytes(&dims, &bytes, 1, axis, n, d).unwrap())
+                .collect();
             assert_eq!(parts[0].0[axis], dims[axis] / n as i64);
-            let joined = join_shards(&parts.iter().map(|p| p.1.clone()).collect::<Vec<_>>(), &parts[0].0, 1, axis);
+            let joined = join_shards(
+                &parts.iter().map(|p| p.1.clone()).collect::<Vec<_>>(),
+                &parts[0].0,
+                1,
+                axis,
+            );
             assert_eq!(joined, bytes, "axis {axis}");
         }
         // Element [1, 2, 5] of the last-axis split into 4: shard 2 (columns 4..6), column 1.
@@ -412,15 +544,27 @@ mod tests {
         assert!(too_few_devices(8, 4, "TPU v6e").contains("at least 8 chips"));
         // Padding on the last axis, then cropping back, round-trips; the cut part is checked.
         let (pd, padded) = pad_axis(&[2, 3], &[1, 2, 3, 4, 5, 6], &[0], 1, 5);
-        assert_eq!((pd, padded.clone()), (vec![2, 5], vec![1, 2, 3, 0, 0, 4, 5, 6, 0, 0]));
-        assert_eq!(crop_axis(&[2, 5], &padded, 1, 1, 3), (vec![1, 2, 3, 4, 5, 6], true));
+        assert_eq!(
+            (pd, padded.clone()),
+            (vec![2, 5], vec![1, 2, 3, 0, 0, 4, 5, 6, 0, 0])
+        );
+        assert_eq!(
+            crop_axis(&[2, 5], &padded, 1, 1, 3),
+            (vec![1, 2, 3, 4, 5, 6], true)
+        );
         let f = |x: f32| x.to_le_bytes();
         let neg0: Vec<u8> = [f(1.0), f(-0.0), f(2.0), f(0.0)].concat();
         assert!(crop_axis(&[2, 2], &neg0, 4, 1, 1).1, "-0 counts as zero");
         let leak: Vec<u8> = [f(1.0), f(1e-30), f(2.0), f(0.0)].concat();
         assert!(!crop_axis(&[2, 2], &leak, 4, 1, 1).1);
-        assert_eq!(element_bytes("bf16", -1e30).unwrap(), half::bf16::from_f32(-1e30).to_le_bytes().to_vec());
+        assert_eq!(
+            element_bytes("bf16", -1e30).unwrap(),
+            half::bf16::from_f32(-1e30).to_le_bytes().to_vec()
+        );
         assert_eq!(p[(3 + 2) * 2 + 1], (8 + 2 * 8 + 5) as u8 + 16);
-        assert!(shard_bytes(&dims, &bytes, 1, 1, 2, 0).is_err(), "3 rows do not split in 2");
+        assert!(
+            shard_bytes(&dims, &bytes, 1, 1, 2, 0).is_err(),
+            "3 rows do not split in 2"
+        );
     }
 }

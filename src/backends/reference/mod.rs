@@ -9,11 +9,11 @@ pub use naive::{Mutation, NaiveF32};
 use super::{Backend, RunOptions, RunResult, Timing};
 use crate::cases::Case;
 use crate::config::ImplEntry;
-use serde::Deserialize;
 use crate::inputs::Inputs;
 use crate::oracle::Oracle;
 use crate::outputs::Outputs;
 use crate::spec::{Level, OutputName};
+use serde::Deserialize;
 use std::time::Instant;
 
 /// Settings of the `reference` backend. Besides `oracle` and `naive_f32`, a config may
@@ -44,7 +44,10 @@ impl ReferenceConfig {
                 );
             }
             if !c.options.is_empty() {
-                anyhow::bail!("{origin}: backend `reference`, implementation `{}` takes no options", c.id);
+                anyhow::bail!(
+                    "{origin}: backend `reference`, implementation `{}` takes no options",
+                    c.id
+                );
             }
         }
         Ok(())
@@ -61,7 +64,9 @@ pub struct ReferenceBackend {
 
 impl Default for ReferenceBackend {
     fn default() -> Self {
-        ReferenceBackend { impls: IMPLEMENTATIONS.iter().map(|s| s.to_string()).collect() }
+        ReferenceBackend {
+            impls: IMPLEMENTATIONS.iter().map(|s| s.to_string()).collect(),
+        }
     }
 }
 
@@ -69,7 +74,10 @@ impl ReferenceBackend {
     /// The implementations the config enables.
     pub fn new(cfg: &ReferenceConfig) -> Self {
         ReferenceBackend {
-            impls: crate::config::enabled(&cfg.implementations).iter().map(|c| c.id.clone()).collect(),
+            impls: crate::config::enabled(&cfg.implementations)
+                .iter()
+                .map(|c| c.id.clone())
+                .collect(),
         }
     }
 }
@@ -78,7 +86,10 @@ impl ReferenceBackend {
 fn naive(implementation: &str) -> Option<NaiveF32> {
     match implementation.strip_prefix("naive_f32") {
         Some("") => Some(NaiveF32::default()),
-        Some(rest) => rest.strip_prefix('+').and_then(Mutation::parse).map(|m| NaiveF32 { mutation: Some(m) }),
+        Some(rest) => rest
+            .strip_prefix('+')
+            .and_then(Mutation::parse)
+            .map(|m| NaiveF32 { mutation: Some(m) }),
         None => None,
     }
 }
@@ -103,7 +114,11 @@ pub fn oracle_outputs(case: &Case, inputs: &Inputs) -> Outputs {
     out.insert(OutputName::PerTokenLogp, bt.clone(), f(o.per_token_logp()));
     out.insert(OutputName::PerTokenLoss, bt.clone(), f(&o.per_token_loss));
     out.insert(OutputName::Kl, bt.clone(), f(&o.kl));
-    out.insert(OutputName::Clipped, bt.clone(), o.clipped.iter().map(|&c| c as u8 as f32).collect());
+    out.insert(
+        OutputName::Clipped,
+        bt.clone(),
+        o.clipped.iter().map(|&c| c as u8 as f32).collect(),
+    );
     out.insert(OutputName::Entropy, bt, f(o.entropy()));
     let round = |x: f64| case.dtype.round(x as f32);
     match case.level {
@@ -111,8 +126,16 @@ pub fn oracle_outputs(case: &Case, inputs: &Inputs) -> Outputs {
         Level::Fused => {
             let g = o.fused_grads(case, inputs);
             let h = s.h.unwrap_or(0);
-            out.insert(OutputName::Dhidden, vec![s.b, s.t, h], g.dhidden.iter().map(|&x| round(x)).collect());
-            out.insert(OutputName::DlmHead, vec![h, s.v], g.dlm_head.iter().map(|&x| round(x)).collect());
+            out.insert(
+                OutputName::Dhidden,
+                vec![s.b, s.t, h],
+                g.dhidden.iter().map(|&x| round(x)).collect(),
+            );
+            out.insert(
+                OutputName::DlmHead,
+                vec![h, s.v],
+                g.dlm_head.iter().map(|&x| round(x)).collect(),
+            );
         }
     }
     out
@@ -135,7 +158,13 @@ impl Backend for ReferenceBackend {
         }
     }
 
-    fn run(&self, implementation: &str, case: &Case, inputs: &Inputs, opts: &RunOptions) -> anyhow::Result<RunResult> {
+    fn run(
+        &self,
+        implementation: &str,
+        case: &Case,
+        inputs: &Inputs,
+        opts: &RunOptions,
+    ) -> anyhow::Result<RunResult> {
         let once = || -> anyhow::Result<Outputs> {
             Ok(match (implementation, naive(implementation)) {
                 ("oracle", _) => oracle_outputs(case, inputs),
@@ -150,6 +179,10 @@ impl Backend for ReferenceBackend {
             outputs = once()?;
             timing.runs_s.push(t0.elapsed().as_secs_f64());
         }
-        Ok(RunResult { outputs: Some(outputs), timing: (opts.repeats > 0).then_some(timing), ..Default::default() })
+        Ok(RunResult {
+            outputs: Some(outputs),
+            timing: (opts.repeats > 0).then_some(timing),
+            ..Default::default()
+        })
     }
 }

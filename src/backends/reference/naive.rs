@@ -73,7 +73,10 @@ impl NaiveF32 {
     pub fn supports(&self, case: &Case) -> Result<(), String> {
         match case.level {
             Level::Logits => Ok(()),
-            Level::Fused => Err("naive_f32 implements the logits level only".into()),
+            Level::Fused => Err(format!(
+                "naive_f32: {}level 'fused' (it implements the logits level only)",
+                crate::runner::NOT_APPLICABLE
+            )),
         }
     }
 
@@ -84,7 +87,11 @@ impl NaiveF32 {
         let s = case.shape;
         let (b_n, t_n, v) = (s.b, s.t, s.v);
         let inv_tau = 1.0f32 / k.temperature as f32;
-        let v_used = if mu == Some(Mutation::DropLastPartialTile) && v % 128 != 0 { v - v % 128 } else { v };
+        let v_used = if mu == Some(Mutation::DropLastPartialTile) && v % 128 != 0 {
+            v - v % 128
+        } else {
+            v
+        };
 
         // Per row: lse, logp, entropy.
         let stats: Vec<(f32, f32, f32)> = (0..s.rows())
@@ -107,23 +114,44 @@ impl NaiveF32 {
             })
             .collect();
 
-        let mask: Vec<f32> = if mu == Some(Mutation::IgnoreMask) { vec![1.0; s.rows()] } else { inputs.mask.clone() };
-        let guard = |x: f32| if mu == Some(Mutation::NoEmptyRowGuard) { x } else { x.max(1.0) };
-        let msum: Vec<f32> = (0..b_n).map(|b| mask[b * t_n..(b + 1) * t_n].iter().sum()).collect();
+        let mask: Vec<f32> = if mu == Some(Mutation::IgnoreMask) {
+            vec![1.0; s.rows()]
+        } else {
+            inputs.mask.clone()
+        };
+        let guard = |x: f32| {
+            if mu == Some(Mutation::NoEmptyRowGuard) {
+                x
+            } else {
+                x.max(1.0)
+            }
+        };
+        let msum: Vec<f32> = (0..b_n)
+            .map(|b| mask[b * t_n..(b + 1) * t_n].iter().sum())
+            .collect();
         let mtot: f32 = msum.iter().sum();
         let weight = |i: usize| -> f32 {
-            mask[i] * match k.loss_type {
-                LossType::Grpo => 1.0 / guard(msum[i / t_n]) / b_n as f32,
-                LossType::Bnpo => 1.0 / guard(mtot),
-                LossType::DrGrpo => 1.0 / (b_n as f32 * k.max_completion_length.unwrap_or(t_n) as f32),
-            }
+            mask[i]
+                * match k.loss_type {
+                    LossType::Grpo => 1.0 / guard(msum[i / t_n]) / b_n as f32,
+                    LossType::Bnpo => 1.0 / guard(mtot),
+                    LossType::DrGrpo => {
+                        1.0 / (b_n as f32 * k.max_completion_length.unwrap_or(t_n) as f32)
+                    }
+                }
         };
         let seq_log_r: Vec<f32> = (0..b_n)
             .map(|b| {
-                let num: f32 = (0..t_n).map(|t| {
-                    let i = b * t_n + t;
-                    if mask[i] == 0.0 { 0.0 } else { stats[i].1 - inputs.old_logp[i] }
-                }).sum();
+                let num: f32 = (0..t_n)
+                    .map(|t| {
+                        let i = b * t_n + t;
+                        if mask[i] == 0.0 {
+                            0.0
+                        } else {
+                            stats[i].1 - inputs.old_logp[i]
+                        }
+                    })
+                    .sum();
                 num / guard(msum[b])
             })
             .collect();
@@ -131,9 +159,16 @@ impl NaiveF32 {
         let beta = k.beta as f32;
         let delta = k.delta.map(|d| d as f32);
         let rows = s.rows();
-        let (mut ptl, mut kl, mut clipped, mut g) = (vec![0f32; rows], vec![0f32; rows], vec![0f32; rows], vec![0f32; rows]);
+        let (mut ptl, mut kl, mut clipped, mut g) = (
+            vec![0f32; rows],
+            vec![0f32; rows],
+            vec![0f32; rows],
+            vec![0f32; rows],
+        );
         let mut loss = 0f32;
-        let wsum: Vec<f32> = (0..b_n).map(|b| (0..t_n).map(|t| weight(b * t_n + t)).sum()).collect();
+        let wsum: Vec<f32> = (0..b_n)
+            .map(|b| (0..t_n).map(|t| weight(b * t_n + t)).sum())
+            .collect();
         for i in 0..rows {
             let b = i / t_n;
             let a = inputs.advantages[b];
@@ -150,7 +185,11 @@ impl NaiveF32 {
             let r_d = delta.map_or(r, |d| r.min(d));
             let r_c = r.clamp(lo, hi);
             let pg = -(r_d * a).min(r_c * a);
-            let x = if counts { inputs.ref_logp[i] - logp } else { 0.0 };
+            let x = if counts {
+                inputs.ref_logp[i] - logp
+            } else {
+                0.0
+            };
             kl[i] = x.exp() - x - 1.0;
             ptl[i] = pg + beta * kl[i];
             clipped[i] = ((r < lo && a < 0.0) || (r > hi && a > 0.0)) as u8 as f32;
@@ -166,7 +205,11 @@ impl NaiveF32 {
             };
         }
 
-        let gscale = if mu == Some(Mutation::NoTemperatureInGradient) { 1.0 } else { inv_tau };
+        let gscale = if mu == Some(Mutation::NoTemperatureInGradient) {
+            1.0
+        } else {
+            inv_tau
+        };
         let mut dlogits = vec![0f32; rows * v];
         dlogits.par_chunks_mut(v).enumerate().for_each(|(r, row)| {
             let z = &inputs.logits[r * v..(r + 1) * v];
@@ -182,7 +225,11 @@ impl NaiveF32 {
         let bt = vec![b_n, t_n];
         let mut out = Outputs::default();
         out.insert(OutputName::Loss, vec![], vec![loss]);
-        out.insert(OutputName::PerTokenLogp, bt.clone(), stats.iter().map(|s| s.1).collect());
+        out.insert(
+            OutputName::PerTokenLogp,
+            bt.clone(),
+            stats.iter().map(|s| s.1).collect(),
+        );
         out.insert(OutputName::PerTokenLoss, bt.clone(), ptl);
         out.insert(OutputName::Kl, bt.clone(), kl);
         out.insert(OutputName::Clipped, bt.clone(), clipped);

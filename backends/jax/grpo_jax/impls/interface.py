@@ -41,9 +41,12 @@ class Capabilities:
     temperature: bool = True    # temperature != 1
 
     def reason(self, p: Problem, k: Knobs) -> Optional[str]:
-        """None if the case is inside these capabilities, else why not."""
+        """None if the case is inside these capabilities, else why not. A case of a level
+        the implementation does not have is not applicable rather than unsupported (the
+        suite neither shows nor counts it as ignored)."""
+        if p.level not in self.levels:
+            return f"not applicable: level {p.level!r}"
         checks = [
-            (p.level in self.levels, f"level {p.level!r}"),
             (p.dtype in self.dtypes, f"dtype {p.dtype!r}"),
             (p.platform in self.platforms, f"platform {p.platform!r}"),
             (k.loss_type in self.loss_types, f"loss_type {k.loss_type!r}"),
