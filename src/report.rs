@@ -408,7 +408,9 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         trials.len(),
         tally.not_applicable
     );
-    md.push_str("| backend/implementation | pass | fail | error | ignored |\n| --- | --- | --- | --- | --- |\n");
+    if !columns.is_empty() {
+        md.push_str("| backend/implementation | pass | fail | error | ignored |\n| --- | --- | --- | --- | --- |\n");
+    }
     for col in &columns {
         let of = |f: &dyn Fn(&Verdict) -> bool| {
             runs.iter()
@@ -525,29 +527,32 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         }
         html.push_str("</table>");
     }
-    let _ = write!(html, "<h2>Verdicts: cases × implementations (failing cases first)</h2><table class=\"m\"><tr><th>case</th>");
-    for col in &columns {
-        let _ = write!(html, "<th>{}</th>", esc(col).replace('/', "/<br>"));
-    }
-    html.push_str("</tr>");
-    for (case, _) in &cases {
-        let _ = write!(html, "<tr><td class=\"case\">{}</td>", esc(case));
+    // A sweep's records have no run trials: no empty sections.
+    if !columns.is_empty() {
+        let _ = write!(html, "<h2>Verdicts: cases × implementations (failing cases first)</h2><table class=\"m\"><tr><th>case</th>");
         for col in &columns {
-            match by_case[*case].get(col) {
-                None => html.push_str("<td></td>"),
-                Some(o) => {
-                    let (label, color) = cell(&o.verdict);
-                    let _ = write!(
-                        html,
-                        "<td style=\"background:{color}\" title=\"{}\">{label}</td>",
-                        esc(&o.failure_text())
-                    );
-                }
-            }
+            let _ = write!(html, "<th>{}</th>", esc(col).replace('/', "/<br>"));
         }
         html.push_str("</tr>");
+        for (case, _) in &cases {
+            let _ = write!(html, "<tr><td class=\"case\">{}</td>", esc(case));
+            for col in &columns {
+                match by_case[*case].get(col) {
+                    None => html.push_str("<td></td>"),
+                    Some(o) => {
+                        let (label, color) = cell(&o.verdict);
+                        let _ = write!(
+                            html,
+                            "<td style=\"background:{color}\" title=\"{}\">{label}</td>",
+                            esc(&o.failure_text())
+                        );
+                    }
+                }
+            }
+            html.push_str("</tr>");
+        }
+        html.push_str("</table>");
     }
-    html.push_str("</table>");
     if !multi.is_empty() {
         let _ = write!(html, "<h2>Multi-device trials</h2><p>Per chip; collectives are static counts from the compiled HLO (a loop body counts once); \"vs 1 device\": the same implementation on one device, outputs equal within f32 rounding (docs/multidevice.md).</p><table><tr><th>case</th><th>trial</th><th>verdict</th><th>peak/floor per chip</th><th>collectives (bytes per device)</th><th>vs 1 device</th></tr>");
         for r in &multi {
@@ -559,12 +564,15 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         .iter()
         .filter(|o| o.kind != TrialKind::Run && o.kind != TrialKind::Sweep)
         .collect();
-    let _ = write!(html, "<h2>Golden and should-fail trials</h2><table><tr><th>trial</th><th>verdict</th><th>detail</th></tr>");
-    for o in other {
-        let (label, color) = cell(&o.verdict);
-        let _ = write!(html, "<tr><td><code>{}</code></td><td style=\"background:{color}\">{label}</td><td>{}</td></tr>", esc(&o.name), esc(o.detail.as_deref().unwrap_or("")));
+    if !other.is_empty() {
+        let _ = write!(html, "<h2>Golden and should-fail trials</h2><table><tr><th>trial</th><th>verdict</th><th>detail</th></tr>");
+        for o in other {
+            let (label, color) = cell(&o.verdict);
+            let _ = write!(html, "<tr><td><code>{}</code></td><td style=\"background:{color}\">{label}</td><td>{}</td></tr>", esc(&o.name), esc(o.detail.as_deref().unwrap_or("")));
+        }
+        html.push_str("</table>");
     }
-    html.push_str("</table></body></html>\n");
+    html.push_str("</body></html>\n");
     let written = Written {
         html: out.join("report.html"),
         markdown: out.join("report.md"),
