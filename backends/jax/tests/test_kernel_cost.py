@@ -142,3 +142,30 @@ def test_the_half_declaring_variant_declares_half_its_bytes(monkeypatch):
                                   [s.struct() for s in input_specs(p)])
     fwd = next(x for x in ks if x["name"] == "grpo_logp_fwd")
     assert fwd["declared"]["bytes_accessed"] == pytest.approx(0.5 * fwd["derived"]["hbm_bytes"], rel=1e-3)
+
+
+def test_pallas_fused_declares_what_it_does_with_f32_hidden_on_a_vocab_shard():
+    """The vocab-sharded wrapper hands the kernels f32 hidden chunks, a bf16 shard of the LM
+    head and a traced count of real columns (d8-vocab at (8, 8, 2049, 64): 257 columns a
+    device). The declaration counts hidden in the dtype it is given."""
+    from grpo_jax.impls import pallas_fused
+    p = Problem("fused", 8, 8, 257, 64, "bf16", "tpu")
+    impl = get("pallas_fused")
+    core = pallas_fused.per_token(p, Knobs.from_json({"beta": 0.04}),
+                                  impl.resolve_options({"block_tokens": 256, "block_v": 512}))
+
+    def fn(hidden, w, ids, valid):
+        (logp, ent), vjp = jax.vjp(lambda h_, w_: core(h_, w_, ids, valid), hidden, w)
+        return vjp((jnp.ones_like(logp), jnp.zeros_like(ent)))
+
+    ks = kernel_cost.kernel_costs(fn, [jax.ShapeDtypeStruct((8, 8, 64), f32),
+                                       jax.ShapeDtypeStruct((64, 257), jnp.bfloat16),
+                                       jax.ShapeDtypeStruct((8, 8), jnp.int32),
+                                       jax.ShapeDtypeStruct((), jnp.int32)])
+    assert sorted(k["name"] for k in ks) == ["grpo_fused_dhidden", "grpo_fused_dlm_head",
+                                             "grpo_fused_fwd"]
+    for k in ks:
+        assert k["operands"][2] == {"shape": [64, 64], "dtype": "f32"}, k["operands"]
+        d, dec = k["derived"], k["declared"]
+        assert _off(dec["flops"], d["matmul_flops"] + d["other_flops"]) < 0.02, k
+        assert _off(dec["bytes_accessed"], d["hbm_bytes"]) < 0.02, k

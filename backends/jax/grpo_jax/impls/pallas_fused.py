@@ -340,7 +340,7 @@ def _counts(plan: Plan):
     return steps, steps * plan.bt * plan.bv, rnd, int(plan.tail_v)
 
 
-def fwd_cost(plan: Plan) -> pl.CostEstimate:
+def fwd_cost(plan: Plan, hidden_dtype=None) -> pl.CostEstimate:
     """The forward kernel's cost, counted by hand from ``_fwd_kernel`` (XLA conventions:
     one flop per elementwise result, one per reduced element, exp/log transcendental;
     partial edge tiles count whole). MXU: 2*bt*bv*H per step. Per tile element: /tau,
@@ -348,16 +348,20 @@ def fwd_cost(plan: Plan) -> pl.CostEstimate:
     == id, select, sum: 12 (+5 integer ops when rounding logits to bf16, +2 for the vocab
     mask). Per token and vocab tile: 10 running-statistics ops and an exp; per token at
     the end: log and 4 ops. Bytes: hidden once, the LM head once per token block, ids in,
-    lse, logp and entropy out."""
+    lse, logp and entropy out. ``hidden_dtype`` (default the input dtype): the hidden
+    the kernel is given (the vocab-sharded wrapper passes f32 chunks; each step then
+    converts its block to the input dtype)."""
     steps, tiles, rnd, m = _counts(plan)
     tok = plan.tok_blocks * plan.bt
     it = jnp.dtype(plan.dtype).itemsize
+    hd = jnp.dtype(hidden_dtype or plan.dtype)
+    hconv = int(hd != jnp.dtype(plan.dtype))
     n, h, v = plan.n, plan.h, plan.v
     return pl.CostEstimate(
         flops=2 * plan.bt * plan.bv * h * steps + (12 + rnd + 2 * m) * tiles
-        + 10 * tok * plan.voc_tiles + 4 * tok,
+        + 10 * tok * plan.voc_tiles + 4 * tok + steps * plan.bt * h * hconv,
         transcendentals=tiles + tok * plan.voc_tiles + tok,
-        bytes_accessed=it * (n * h + plan.tok_blocks * h * v) + 16 * n)
+        bytes_accessed=hd.itemsize * n * h + it * plan.tok_blocks * h * v + 16 * n)
 
 
 def _bwd_elem_ops(plan: Plan) -> int:
@@ -368,46 +372,52 @@ def _bwd_elem_ops(plan: Plan) -> int:
     return 1 + rnd + 8 + 2 * m + (plan.dz_dtype != f32)
 
 
-def dhidden_cost(plan: Plan) -> pl.CostEstimate:
+def dhidden_cost(plan: Plan, hidden_dtype=None) -> pl.CostEstimate:
     """The dhidden kernel's cost, counted by hand from ``_dhidden_kernel``: two MXU
     matmuls per step (the logits and dz @ W^T), the per-element ops of
     ``_bwd_elem_ops``, per step the W tile's mask (iota add, compare, select: 3 per W
     element when V is masked; a convert when dz is f32 and W is not) and the accumulator
     add (bt*H), per token block dhidden's convert. Bytes: the per-token rows and hidden
-    once per token block, the LM head once per token block, dhidden out."""
+    once per token block, the LM head once per token block, dhidden out (in hidden's
+    dtype; a hidden of another dtype than the input's adds a convert per block element
+    and step)."""
     steps, tiles, _, m = _counts(plan)
     it = jnp.dtype(plan.dtype).itemsize
+    hd = jnp.dtype(hidden_dtype or plan.dtype)
+    hconv = int(hd != jnp.dtype(plan.dtype))
     n, h, v, bt, bv = plan.n, plan.h, plan.v, plan.bt, plan.bv
     wconv = int(plan.dz_dtype != plan.dtype)
     rows = (8 if plan.lane_rows else 4) * 4 * n
     return pl.CostEstimate(
         flops=4 * bt * bv * h * steps + _bwd_elem_ops(plan) * tiles
-        + steps * bv * h * (3 * m + wconv) + steps * bt * h
-        + plan.tok_blocks * bt * h * (plan.dtype != f32),
+        + steps * bv * h * (3 * m + wconv) + steps * bt * h * (1 + hconv)
+        + plan.tok_blocks * bt * h * (hd != jnp.dtype(f32)),
         transcendentals=tiles,
-        bytes_accessed=it * (2 * n * h + plan.tok_blocks * h * v) + rows)
+        bytes_accessed=hd.itemsize * 2 * n * h + it * plan.tok_blocks * h * v + rows)
 
 
-def dlm_head_cost(plan: Plan) -> pl.CostEstimate:
+def dlm_head_cost(plan: Plan, hidden_dtype=None) -> pl.CostEstimate:
     """The dlm_head kernel's cost, counted by hand from ``_dlm_head_kernel``: two MXU
     matmuls per step (the logits and h^T @ dz), the per-element ops of
     ``_bwd_elem_ops`` (+1 select when the last token block is partial), per step the
     hidden block's mask (a select per element when partial; a convert when dz is f32 and
     hidden is not), the W tile's mask (3 per W element when V is masked) and the
     accumulator add (bv*H), per vocab tile dlm_head's convert. Bytes: the per-token rows
-    and hidden once per vocab tile, the LM head and dlm_head once."""
+    and hidden once per vocab tile (in hidden's dtype: a convert per element and step when
+    it is not the input's), the LM head and dlm_head once."""
     steps, tiles, _, m = _counts(plan)
     it = jnp.dtype(plan.dtype).itemsize
+    hd = jnp.dtype(hidden_dtype or plan.dtype)
     n, h, v, bt, bv = plan.n, plan.h, plan.v, plan.bt, plan.bv
     tn = int(plan.tail_n)
-    hconv = int(plan.dz_dtype != plan.dtype)
+    hconv = int(plan.dz_dtype != plan.dtype) + int(hd != jnp.dtype(plan.dtype))
     rows = (8 if plan.lane_rows else 4) * 4 * n
     return pl.CostEstimate(
         flops=4 * bt * bv * h * steps + (_bwd_elem_ops(plan) + tn) * tiles
         + steps * (bt * h * (tn + hconv) + bv * h * (3 * m + 1))
         + plan.voc_tiles * bv * h * (plan.dtype != f32),
         transcendentals=tiles,
-        bytes_accessed=it * (plan.voc_tiles * n * h + 2 * h * v) + plan.voc_tiles * rows)
+        bytes_accessed=hd.itemsize * plan.voc_tiles * n * h + it * 2 * h * v + plan.voc_tiles * rows)
 
 
 def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional[int]):
@@ -440,7 +450,7 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
             out_shape=[col] * 3,
             scratch_shapes=[pltpu.VMEM((bt, 1), f32)] * 4,
             compiler_params=_params(("parallel", "arbitrary"), limit),
-            cost_estimate=fwd_cost(plan),
+            cost_estimate=fwd_cost(plan, hidden.dtype),
             interpret=interpret,
             name="grpo_fused_fwd",
         )(*pre(valid), ids, hidden, w)
@@ -454,7 +464,7 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
             out_shape=jax.ShapeDtypeStruct((n, h), hidden.dtype),
             scratch_shapes=[pltpu.VMEM((bt, h), f32)],
             compiler_params=_params(("parallel", "arbitrary"), limit),
-            cost_estimate=dhidden_cost(plan),
+            cost_estimate=dhidden_cost(plan, hidden.dtype),
             interpret=interpret,
             name="grpo_fused_dhidden",
         )(*pre(valid), rows, hidden, w)
@@ -471,7 +481,7 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
             out_shape=jax.ShapeDtypeStruct(w.shape, w.dtype),
             scratch_shapes=[pltpu.VMEM(acc, f32)],
             compiler_params=_params(("parallel", "arbitrary"), limit),
-            cost_estimate=dlm_head_cost(plan),
+            cost_estimate=dlm_head_cost(plan, hidden.dtype),
             interpret=interpret,
             name="grpo_fused_dlm_head",
         )(*pre(valid), rows, hidden, w)
