@@ -393,7 +393,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
 
     // Markdown.
     let mut md = format!(
-        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}.\n\n**{} passed, {} failed, {} errors, {} ignored, {} expected failures, {} unexpected passes** ({} trials; {} not applicable: an implementation without the case's level).\n\n",
+        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}.\n\n**{} passed, {} failed, {} errors, {} ignored, {} expected failures, {} unexpected passes** ({} trials; {} not applicable).\n\n",
         run_path.display(),
         run.suite,
         run.oracle_version,

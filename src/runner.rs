@@ -33,7 +33,8 @@ pub enum Verdict {
 }
 
 /// The marker of an ignored reason that is not a limitation but a combination that does
-/// not exist: an implementation of one level asked for a case of the other. Such trials
+/// not exist: an implementation of one level asked for a case of the other, or a case
+/// needing more devices than a topology has. Such trials
 /// are recorded, but neither shown in the run table nor counted as ignored.
 pub const NOT_APPLICABLE: &str = "not applicable: ";
 

@@ -616,7 +616,8 @@ pub struct Tally {
     pub errors: usize,
     /// Ignored with a reason (a limitation, an unavailable backend, a compile-only case).
     pub ignored: usize,
-    /// Combinations that do not apply (an implementation without the case's level).
+    /// Combinations that do not apply (an implementation without the case's level, a case
+    /// needing more devices than the topology has).
     pub not_applicable: usize,
     /// Expected failures that failed.
     pub expected_fail: usize,

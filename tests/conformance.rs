@@ -156,7 +156,7 @@ fn main() {
         }));
     }
     if not_applicable > 0 {
-        eprintln!("note: {not_applicable} trials not applicable (an implementation without the case's level): recorded, not listed");
+        eprintln!("note: {not_applicable} trials not applicable (a level the implementation does not have, or more devices than the topology): recorded, not listed");
     }
     libtest_mimic::run(&args, trials).exit();
 }

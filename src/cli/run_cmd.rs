@@ -532,7 +532,7 @@ fn summarize(outcomes: &[TrialOutcome], plan: &Plan, scale: f64, path: &Path) ->
     }
     if t.not_applicable > 0 {
         line.push_str(&format!(
-            " ({} not applicable, not shown: an implementation without the case's level)",
+            " ({} not applicable, not shown)",
             t.not_applicable
         ));
     }

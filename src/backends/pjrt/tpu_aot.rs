@@ -408,9 +408,12 @@ impl Backend for TpuAot {
             ));
         };
         if let Some(devices) = topology_devices(&self.topology).filter(|&c| case.devices > c) {
+            // A topology too small for the case is not a limitation of the implementation.
             return Err(format!(
-                "the case needs {} devices, topology {} has {devices}",
-                case.devices, self.topology
+                "{}the case needs {} devices, topology {} has {devices}",
+                crate::runner::NOT_APPLICABLE,
+                case.devices,
+                self.topology
             ));
         }
         self.exporter.support(imp, case)
