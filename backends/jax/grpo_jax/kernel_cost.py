@@ -53,7 +53,7 @@ TRANSCENDENTAL = frozenset({
 })
 # Elementwise primitives: one flop per output element.
 ELEMENTWISE = frozenset({
-    "add", "sub", "mul", "div", "rem", "max", "min", "neg", "abs", "sign", "floor", "ceil",
+    "add", "add_any", "sub", "mul", "div", "rem", "max", "min", "neg", "abs", "sign", "floor", "ceil",
     "round", "is_finite", "select_n", "clamp", "eq", "ne", "lt", "le", "gt", "ge", "and",
     "or", "not", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic",
     "convert_element_type", "integer_pow", "square", "nextafter", "population_count",

@@ -15,13 +15,14 @@ import functools
 import importlib
 import sys
 
-from . import baseline, pallas_fused, pallas_logits, xla_chunked
+from . import baseline, pallas_fused, pallas_logits, pallas_logits_2pass, xla_chunked
 from .interface import Implementation
 
 _ENTRIES: list[Implementation] = [
     baseline.IMPLEMENTATION,
     pallas_logits.IMPLEMENTATION,
     pallas_logits.IMPLEMENTATION_JAXBWD,
+    pallas_logits_2pass.IMPLEMENTATION,
     xla_chunked.IMPLEMENTATION,
     pallas_fused.IMPLEMENTATION,
 ]
