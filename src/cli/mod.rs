@@ -81,6 +81,29 @@ pub enum Command {
     },
 }
 
+/// Prints a header and rows as left-aligned columns two spaces apart (no trailing blanks).
+pub fn print_aligned<const N: usize>(head: [&str; N], rows: &[[String; N]]) {
+    let mut w = head.map(|h| h.chars().count());
+    for r in rows {
+        for (k, c) in r.iter().enumerate() {
+            w[k] = w[k].max(c.chars().count());
+        }
+    }
+    let line = |r: &[String]| {
+        r.iter()
+            .enumerate()
+            .map(|(k, c)| format!("{c:<width$}", width = w[k]))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    println!("{}", line(&head.map(String::from)));
+    for r in rows {
+        println!("{}", line(r));
+    }
+}
+
 /// Loads the case matrix.
 pub fn load_matrix(dir: &std::path::Path) -> Result<Matrix> {
     cases::load_dir(dir).context("loading the case matrix")

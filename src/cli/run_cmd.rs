@@ -676,23 +676,5 @@ fn print_table(outcomes: &[TrialOutcome]) {
         "peak",
         "roofline",
     ];
-    let mut w = head.map(|h| h.len());
-    for r in &rows {
-        for (k, c) in r.iter().enumerate() {
-            w[k] = w[k].max(c.chars().count());
-        }
-    }
-    let line = |r: &[String]| {
-        r.iter()
-            .enumerate()
-            .map(|(k, c)| format!("{c:<width$}", width = w[k]))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_string()
-    };
-    println!("{}", line(&head.map(String::from)));
-    for r in &rows {
-        println!("{}", line(r));
-    }
+    super::print_aligned(head, &rows);
 }

@@ -469,25 +469,7 @@ mod imp {
                 status,
             ]);
         }
-        let mut w = head.map(|h| h.chars().count());
-        for r in &table {
-            for (k, c) in r.iter().enumerate() {
-                w[k] = w[k].max(c.chars().count());
-            }
-        }
-        let line = |r: &[String]| {
-            r.iter()
-                .enumerate()
-                .map(|(k, c)| format!("{c:<width$}", width = w[k]))
-                .collect::<Vec<_>>()
-                .join("  ")
-                .trim_end()
-                .to_string()
-        };
-        println!("{}", line(&head.map(String::from)));
-        for r in &table {
-            println!("{}", line(r));
-        }
+        crate::cli::print_aligned(head, &table);
     }
 }
 

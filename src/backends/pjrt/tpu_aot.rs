@@ -307,16 +307,21 @@ impl TpuAot {
         generation_of_topology(&self.topology)
     }
 
+    /// The once-cell of jax_baseline's derived cost on case `id` (shared by the baseline's
+    /// own trial and the speed budgets of the case).
+    fn baseline_cell(&self, id: &str) -> Arc<OnceLock<Result<DerivedCost, String>>> {
+        self.baselines
+            .lock()
+            .unwrap()
+            .entry(id.to_string())
+            .or_default()
+            .clone()
+    }
+
     /// jax_baseline's derived cost on `case` and this topology (computed once per case and
     /// process, and kept on disk next to the baseline's export).
     fn baseline_cost(&self, case: &Case) -> Result<DerivedCost, String> {
-        let cell = self
-            .baselines
-            .lock()
-            .unwrap()
-            .entry(case.id.clone())
-            .or_default()
-            .clone();
+        let cell = self.baseline_cell(&case.id);
         cell.get_or_init(|| {
             let base = self.baseline_entry();
             let (module, manifest) = match self
@@ -463,13 +468,7 @@ impl Backend for TpuAot {
         if imp.id == BASELINE && imp.options.is_empty() && !imp.is_external() {
             if let Some(d) = &res.derived {
                 // Shared with this case's speed budgets (no second compile).
-                let cell = self
-                    .baselines
-                    .lock()
-                    .unwrap()
-                    .entry(case.id.clone())
-                    .or_default()
-                    .clone();
+                let cell = self.baseline_cell(&case.id);
                 cell.get_or_init(|| Ok(d.clone()));
             }
         }
