@@ -207,7 +207,7 @@ pub fn store(path: &Path, g: &Golden) -> Result<()> {
     }
     let mut text = serde_json::to_string_pretty(g)?;
     text.push('\n');
-    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+    crate::atomic_file::replace(path, text.as_bytes())
 }
 
 /// Two f32 agree to within 4 units in the last place (or both below f32's normal range),

@@ -6,9 +6,10 @@
 //! [`cost`] (derived FLOPs, bytes and roofline time), [`trials`] (the one trial list
 //! both front ends run), [`runner`] (one trial's
 //! execution and verdict), [`records`] (JSONL results), [`env`] (every `GRPO_*`
-//! variable), [`npy`] (files for Python).
+//! variable), [`npy`] (files for Python), [`atomic_file`] (every file the suite replaces).
 #![warn(missing_docs)]
 
+pub mod atomic_file;
 pub mod backends;
 pub mod cases;
 pub mod compare;

@@ -14,6 +14,13 @@ fn main() {
     // TPU VM; set before any thread exists.
     #[cfg(feature = "pjrt")]
     grpo_conformance::backends::pjrt::tpu_aot::prepare_environment();
+    // A file-size limit (RLIMIT_FSIZE) makes a write fail with EFBIG, reported in one line,
+    // instead of killing the process by SIGXFSZ half-way through a file.
+    #[cfg(target_os = "linux")]
+    // SAFETY: setting a signal's disposition to SIG_IGN before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
     let args = cli::Cli::parse();
     if let Err(e) = grpo_conformance::env::check_all() {
         eprintln!("error: {e:#}");

@@ -4,7 +4,7 @@
 //! values are exactly representable, and `case.json` names the dtype to cast back to.
 
 use anyhow::{bail, Context, Result};
-use std::io::{BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
 
 fn header(descr: &str, shape: &[usize]) -> Vec<u8> {
@@ -38,13 +38,10 @@ pub fn write_with(
     shape: &[usize],
     fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<()> {
-    let f =
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let mut w = BufWriter::with_capacity(1 << 20, f);
-    w.write_all(&header(descr, shape))?;
-    fill(&mut w).with_context(|| format!("writing {}", path.display()))?;
-    w.flush()?;
-    Ok(())
+    crate::atomic_file::replace_with(path, |w| {
+        w.write_all(&header(descr, shape))?;
+        fill(w)
+    })
 }
 
 /// Writes an f32 array.

@@ -577,10 +577,8 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         html: out.join("report.html"),
         markdown: out.join("report.md"),
     };
-    std::fs::write(&written.html, html)
-        .with_context(|| format!("cannot write {}", written.html.display()))?;
-    std::fs::write(&written.markdown, md)
-        .with_context(|| format!("cannot write {}", written.markdown.display()))?;
+    crate::atomic_file::replace(&written.html, html.as_bytes())?;
+    crate::atomic_file::replace(&written.markdown, md.as_bytes())?;
     Ok(written)
 }
 

@@ -733,32 +733,7 @@ fn golden_update_shows_changes_and_wants_force_without_a_version_bump() {
     // A copy of the smoke golden files with one stored value altered: the update lists
     // exactly that case, writes nothing on --dry-run, refuses without --force (no version
     // bump explains the change), and writes with it.
-    let dir = tempfile::tempdir().unwrap();
-    let ids: Vec<String> = String::from_utf8(suite(&["cases", "--suite", "smoke"]).stdout)
-        .unwrap()
-        .lines()
-        .map(String::from)
-        .collect();
-    let m = grpo_conformance::cases::load_dir(&repo_root().join("cases")).unwrap();
-    let mut target = PathBuf::new();
-    for (k, id) in ids.iter().enumerate() {
-        let c = m.get(id).unwrap();
-        let from = golden::path(&repo_root().join("golden"), c);
-        let to = golden::path(dir.path(), c);
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        let mut text = std::fs::read_to_string(&from).unwrap();
-        if k == 3 {
-            let g: serde_json::Value = serde_json::from_str(&text).unwrap();
-            let loss = g["loss"].as_f64().unwrap();
-            text = text.replacen(
-                &format!("\"loss\": {}", g["loss"]),
-                &format!("\"loss\": {}", loss * 1.5 + 1.0),
-                1,
-            );
-            target = to.clone();
-        }
-        std::fs::write(&to, text).unwrap();
-    }
+    let (dir, target, ids) = smoke_goldens_with_one_changed();
     let before = std::fs::read_to_string(&target).unwrap();
     let d = dir.path().to_str().unwrap();
     let o = suite(&[
@@ -1024,4 +999,78 @@ fn sweep_compiles_every_option_set_and_pins_the_best() {
             "{args:?}: {e}"
         );
     }
+}
+
+/// Copies the smoke suite's golden files to a temporary directory, the 4th one with its
+/// stored loss altered; returns the directory and the altered file.
+fn smoke_goldens_with_one_changed() -> (tempfile::TempDir, PathBuf, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<String> = String::from_utf8(suite(&["cases", "--suite", "smoke"]).stdout)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    let m = grpo_conformance::cases::load_dir(&repo_root().join("cases")).unwrap();
+    let mut target = PathBuf::new();
+    for (k, id) in ids.iter().enumerate() {
+        let c = m.get(id).unwrap();
+        let from = golden::path(&repo_root().join("golden"), c);
+        let to = golden::path(dir.path(), c);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        let mut text = std::fs::read_to_string(&from).unwrap();
+        if k == 3 {
+            let g: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let loss = g["loss"].as_f64().unwrap();
+            text = text.replacen(
+                &format!("\"loss\": {}", g["loss"]),
+                &format!("\"loss\": {}", loss * 1.5 + 1.0),
+                1,
+            );
+            target = to.clone();
+        }
+        std::fs::write(&to, text).unwrap();
+    }
+    (dir, target, ids)
+}
+
+#[test]
+fn a_golden_update_that_cannot_write_leaves_the_old_file_intact() {
+    // A file-size limit makes every write fail part-way (as a full disk does): the update
+    // must say so in one line and leave the stored golden file as it was, with no
+    // temporary file beside it.
+    use std::os::unix::process::CommandExt;
+    let (dir, target, _) = smoke_goldens_with_one_changed();
+    let before = std::fs::read(&target).unwrap();
+    let mut c = grpo_suite();
+    c.args(["golden", "update", "--suite", "smoke", "--force", "--dir"])
+        .arg(dir.path());
+    // SAFETY: setrlimit is async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 64,
+                rlim_max: 64,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let o = c.output().unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.contains(&format!("cannot write {}", target.display()))
+            && e.contains("the old file is unchanged"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&target).unwrap(), before, "the golden file was changed");
+    let siblings: Vec<String> = std::fs::read_dir(target.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp-"))
+        .collect();
+    assert!(siblings.is_empty(), "left behind: {siblings:?}");
 }

@@ -83,9 +83,9 @@ pub fn write(case: &Case, out: &Path) -> Result<()> {
         "oracle_version": grpo_conformance::oracle::ORACLE_VERSION,
         "generator_version": grpo_conformance::inputs::GENERATOR_VERSION,
     });
-    std::fs::write(
-        out.join("case.json"),
-        serde_json::to_string_pretty(&meta)? + "\n",
+    grpo_conformance::atomic_file::replace(
+        &out.join("case.json"),
+        (serde_json::to_string_pretty(&meta)? + "\n").as_bytes(),
     )?;
     eprintln!(
         "wrote {} inputs and {} oracle outputs to {}",

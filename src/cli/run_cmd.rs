@@ -513,8 +513,7 @@ fn record_crash(path: &Path, suite: Suite, name: &str, why: &str) -> Result<()> 
 fn truncate_last_line(path: &Path) -> Result<()> {
     let text = std::fs::read_to_string(path)?;
     let keep = text.rfind('\n').map(|i| i + 1).unwrap_or(0);
-    std::fs::write(path, &text[..keep])
-        .with_context(|| format!("cannot rewrite {}", path.display()))
+    grpo_conformance::atomic_file::replace(path, &text.as_bytes()[..keep])
 }
 
 fn summarize(outcomes: &[TrialOutcome], plan: &Plan, scale: f64, path: &Path) -> Result<()> {

@@ -386,8 +386,7 @@ mod imp {
                 topologies.join(", "),
                 sweep::config_entry(&args.implementation, &name, &e.options, &budgets)
             );
-            std::fs::write(path, text)
-                .with_context(|| format!("cannot write {}", path.display()))?;
+            grpo_conformance::atomic_file::replace(path, text.as_bytes())?;
             println!("wrote {}", path.display());
         }
         Ok(())

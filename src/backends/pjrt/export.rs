@@ -82,20 +82,7 @@ fn parse_check_answer(text: &str) -> Result<Vec<CheckAnswer>> {
 /// reading `path` at the same time (parallel runs sharing the artifact cache) sees the
 /// whole file or none. Best effort: a cache that cannot be written is only a cache.
 pub fn write_atomically(path: &Path, text: &str) {
-    let Some(dir) = path.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
-    }
-    let tmp = dir.join(format!(
-        ".tmp-{}-{}",
-        std::process::id(),
-        path.file_name()
-            .map(|n| n.to_string_lossy())
-            .unwrap_or_default()
-    ));
-    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, path).is_err() {
-        std::fs::remove_file(&tmp).ok();
-    }
+    crate::atomic_file::replace(path, text.as_bytes()).ok();
 }
 
 /// The one-line error of a failed exporter process: the protocol mismatch line as is.
