@@ -8,7 +8,7 @@ use crate::cases::Case;
 use crate::inputs::{rng, Inputs, GENERATOR_VERSION};
 use crate::oracle::{Oracle, ORACLE_VERSION};
 use crate::spec::Level;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -12,6 +12,7 @@
 pub mod atomic_file;
 pub mod backends;
 pub mod cases;
+pub mod child_process;
 pub mod compare;
 pub mod config;
 pub mod cost;
@@ -25,6 +26,7 @@ pub mod outputs;
 pub mod records;
 pub mod report;
 pub mod report_speed;
+pub mod run_identity;
 pub mod runner;
 pub mod spec;
 pub mod sweep;

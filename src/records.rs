@@ -1,6 +1,7 @@
 //! JSONL records: one line per trial, written and flushed as soon as the trial ends, so
 //! nothing is lost if a long run crashes.
 
+use crate::run_identity::RunIdentity;
 use crate::runner::TrialOutcome;
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 pub struct RecordWriter {
     path: PathBuf,
     out: BufWriter<File>,
+    identity: Option<RunIdentity>,
 }
 
 /// One line of a record file.
@@ -32,6 +34,12 @@ pub struct Record<'a> {
     pub generator_version: u32,
     /// Tolerance multiplier in force (`GRPO_TOL_SCALE`; 1 = the documented gates).
     pub tol_scale: f64,
+    /// Digest of the configuration file (runs of `grpo-suite run`; [`RunIdentity`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config_digest: Option<&'a str>,
+    /// Digest of the implementation's code (exported implementations; [`RunIdentity`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code_digest: Option<&'a str>,
 }
 
 impl RecordWriter {
@@ -48,7 +56,15 @@ impl RecordWriter {
         Ok(RecordWriter {
             path: path.to_path_buf(),
             out: BufWriter::new(f),
+            identity: None,
         })
+    }
+
+    /// Stamps every line with `identity`'s configuration and code digests, which
+    /// `--resume` checks.
+    pub fn with_identity(mut self, identity: RunIdentity) -> RecordWriter {
+        self.identity = Some(identity);
+        self
     }
 
     /// The file written to.
@@ -71,12 +87,75 @@ impl RecordWriter {
             oracle_version: crate::oracle::ORACLE_VERSION,
             generator_version: crate::inputs::GENERATOR_VERSION,
             tol_scale: crate::gates::tiers::scale(),
+            config_digest: self.identity.as_ref().map(|i| i.config_digest.as_str()),
+            code_digest: self
+                .identity
+                .as_ref()
+                .and_then(|i| i.code_of(&outcome.implementation)),
         };
         serde_json::to_writer(&mut self.out, &rec)?;
         self.out.write_all(b"\n")?;
         self.out.flush()?;
         Ok(())
     }
+}
+
+/// The one writer of a records file: an exclusive advisory lock (`flock`) held for the
+/// whole run, so two runs never interleave their lines in one file. Released when
+/// dropped or when the process ends, however it ends.
+pub struct SingleWriter {
+    _file: File,
+}
+
+impl SingleWriter {
+    /// Takes the lock on `path` (created if missing), or fails in one line naming the
+    /// process that holds it.
+    pub fn take(path: &Path) -> Result<SingleWriter> {
+        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+        }
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open record file {}", path.display()))?;
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::io::AsRawFd;
+            // SAFETY: flock on a file descriptor this function owns.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                let err = std::io::Error::last_os_error();
+                if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                    use std::os::unix::fs::MetadataExt;
+                    let holder = f
+                        .metadata()
+                        .ok()
+                        .and_then(|m| flock_holder(m.ino()))
+                        .map(|p| format!(" (pid {p})"))
+                        .unwrap_or_default();
+                    anyhow::bail!(
+                        "{} is being written by another grpo-suite run{holder}; give this run its own --records file",
+                        path.display()
+                    );
+                }
+                return Err(err).with_context(|| format!("cannot lock {}", path.display()));
+            }
+        }
+        Ok(SingleWriter { _file: f })
+    }
+}
+
+/// The process holding a `flock` on the file with inode `ino`, from `/proc/locks`.
+#[cfg(target_os = "linux")]
+fn flock_holder(ino: u64) -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/locks").ok()?;
+    text.lines().find_map(|l| {
+        // "1: FLOCK  ADVISORY  WRITE 12345 fd:01:1234567 0 EOF"
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let dev = f.get(5)?;
+        (f.get(1) == Some(&"FLOCK") && dev.rsplit(':').next()? == ino.to_string())
+            .then(|| f.get(4)?.parse().ok())?
+    })
 }
 
 /// What [`read`] found in a record file.

@@ -42,11 +42,22 @@ fn build_fake_plugin(dir: &Path) -> PathBuf {
 }
 
 fn run(dir: &Path, so: &Path, extra: &[&str]) -> Output {
+    run_with(dir, so, extra, &[], "")
+}
+
+/// [`run`] with extra environment variables and a line appended to the config.
+fn run_with(
+    dir: &Path,
+    so: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    config_tail: &str,
+) -> Output {
     let cfg = dir.join("c.yaml");
     std::fs::write(
         &cfg,
         format!(
-            "trial_timeout_s: 3\nbackends:\n  reference: {{implementations: [oracle]}}\n  pjrt-cpu: {{plugin: {}, implementations: [jax_baseline]}}\n",
+            "trial_timeout_s: 3\nbackends:\n  reference: {{implementations: [oracle]}}\n  pjrt-cpu: {{plugin: {}, implementations: [jax_baseline]}}\n{config_tail}",
             so.display()
         ),
     )
@@ -56,6 +67,7 @@ fn run(dir: &Path, so: &Path, extra: &[&str]) -> Output {
         .arg(&cfg)
         .args(extra)
         .env("FAKE_PJRT_STATE", dir.join("state"))
+        .envs(env.iter().copied())
         .env_remove("GRPO_REQUIRE_BACKENDS")
         .output()
         .unwrap()
@@ -181,4 +193,140 @@ fn resume_skips_recorded_trials_and_tolerates_a_cut_last_line() {
     assert_eq!(after.len(), n, "each trial recorded once after the resume");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains(&format!("{n} passed, 0 failed")), "{out}");
+    // Resuming under another run identity is refused in one line naming the field, and
+    // the file is left as it was.
+    let r = rec.to_str().unwrap();
+    let args = ["--resume", r, "--backend", "reference"];
+    for (env, tail, want) in [
+        (
+            vec![("GRPO_TOL_SCALE", "2")],
+            "",
+            "tolerance scale (GRPO_TOL_SCALE) differs (records: 1; this run: 2)",
+        ),
+        (vec![], "# edited\n", "config digest differs"),
+    ] {
+        let o = run_with(dir.path(), &so, &args, &env, tail);
+        let err = String::from_utf8_lossy(&o.stderr);
+        let err = err.lines().filter(|l| !l.starts_with("note: ")).collect::<Vec<_>>();
+        assert_eq!(o.status.code(), Some(2), "{err:?}");
+        assert_eq!(err.len(), 1, "{err:?}");
+        assert!(
+            err[0].contains(&format!("cannot resume from {r}:1 (")) && err[0].contains(want),
+            "{err:?}"
+        );
+    }
+    let mut other = records(&rec);
+    other[0]["suite"] = "ci".into();
+    let text: String = other.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&rec, &text).unwrap();
+    let o = run(dir.path(), &so, &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.code() == Some(2) && err.contains("suite differs (records: ci; this run: smoke)"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&rec).unwrap(), text);
+}
+
+/// Pids of live (not zombie) processes whose environment names `state` (a run's
+/// workers and their exporter children inherit FAKE_PJRT_STATE).
+fn processes_with_state(state: &Path) -> Vec<u32> {
+    let needle = format!("FAKE_PJRT_STATE={}", state.display());
+    let me = std::process::id();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+                .unwrap_or(true);
+            !zombie
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .map(|e| e.split(|b| *b == 0).any(|v| v == needle.as_bytes()))
+                    .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[test]
+fn a_records_file_has_one_writer_and_workers_end_with_their_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let so = build_fake_plugin(dir.path());
+    let state = dir.path().join("state");
+    // The first load of the plugin hangs (the counter starts at 1).
+    std::fs::write(&state, "1\n").unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "trial_timeout_s: 600\nbackends:\n  reference: {{implementations: [oracle]}}\n  pjrt-cpu: {{plugin: {}, implementations: [jax_baseline]}}\n",
+            so.display()
+        ),
+    )
+    .unwrap();
+    let rec = dir.path().join("r.jsonl");
+    let start = |backend: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_grpo-suite"));
+        c.args(["run", "--suite", "smoke", "--config"])
+            .arg(&cfg)
+            .arg("--records")
+            .arg(&rec)
+            .args(["--backend", backend])
+            .env("FAKE_PJRT_STATE", &state)
+            .env_remove("GRPO_REQUIRE_BACKENDS");
+        c
+    };
+    let mut first = start("pjrt-cpu")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(&state).unwrap().trim() != "2" {
+        assert!(
+            t0.elapsed().as_secs() < 180,
+            "the worker never reached the hanging plugin"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // A second run on the same records file: one line naming the holder, exit 2.
+    let o = start("reference").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let cleanup = |why: String| -> ! {
+        for p in processes_with_state(&state) {
+            Command::new("kill").args(["-9", &p.to_string()]).status().ok();
+        }
+        panic!("{why}");
+    };
+    if o.status.code() != Some(2)
+        || err.lines().count() != 1
+        || !err.contains(&format!(
+            "{} is being written by another grpo-suite run (pid {})",
+            rec.display(),
+            first.id()
+        ))
+    {
+        first.kill().ok();
+        cleanup(format!("second run: {:?}\n{err}", o.status));
+    }
+    // SIGTERM to the run: its worker (hanging in the plugin) must end with it.
+    Command::new("kill")
+        .args(["-TERM", &first.id().to_string()])
+        .status()
+        .unwrap();
+    first.wait().unwrap();
+    let t0 = std::time::Instant::now();
+    loop {
+        let left = processes_with_state(&state);
+        if left.is_empty() {
+            break;
+        }
+        if t0.elapsed().as_secs() >= 5 {
+            cleanup(format!(
+                "processes of the run outlived it by 5 s: {left:?}"
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

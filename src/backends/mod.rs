@@ -263,6 +263,22 @@ impl BackendsConfig {
         }
     }
 
+    /// The enabled implementation entries of the exporting backends (pjrt-cpu, tpu-aot,
+    /// pjrt-tpu), in config order.
+    pub fn exported_implementations(&self) -> Vec<crate::config::ImplConfig> {
+        let mut v = Vec::new();
+        if let Some(c) = &self.pjrt_cpu {
+            v.extend(crate::config::enabled(&c.implementations));
+        }
+        if let Some(c) = &self.tpu_aot {
+            v.extend(crate::config::enabled(&c.implementations));
+        }
+        if let Some(c) = &self.pjrt_tpu {
+            v.extend(crate::config::enabled(&c.implementations));
+        }
+        v
+    }
+
     /// Names of the backends this config selects (one `tpu-aot-<topology>` per topology).
     pub fn names(&self) -> Vec<String> {
         let mut v = Vec::new();

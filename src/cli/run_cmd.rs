@@ -13,7 +13,9 @@ use clap::Args;
 use grpo_conformance::backends::RunOptions;
 use grpo_conformance::cases::{Matrix, Suite};
 use grpo_conformance::config::Config;
+use grpo_conformance::child_process;
 use grpo_conformance::records::{self, RecordWriter};
+use grpo_conformance::run_identity::{self, RunIdentity};
 use grpo_conformance::runner::{CaseCache, TrialKind, TrialOutcome, Verdict};
 use grpo_conformance::trials::{Plan, Selection, Tally};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -119,8 +121,9 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
         warmup: args.warmup.unwrap_or(config.warmup),
         repeats: args.repeats.unwrap_or(config.repeats),
     };
+    let identity = RunIdentity::of(args.suite.name(), &config_path, &config)?;
     if let Some(file) = &args.worker {
-        return worker(plan, file, &args, &opts);
+        return worker(plan, file, &args, &opts, identity);
     }
     if plan.trials.is_empty() {
         bail!(
@@ -162,14 +165,21 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
                 .join(format!("{}-{t}.jsonl", args.suite))
         }
     };
+    // One run writes a records file at a time; the lock lasts until this function returns.
+    let _writer = records::SingleWriter::take(&path)?;
     let mut previous: Vec<TrialOutcome> = Vec::new();
     if let Some(r) = &args.resume {
         let back = records::read(r)?;
+        let wanted: HashSet<String> = plan.names().into_iter().collect();
+        for (line, rec) in run_identity::read(r)? {
+            if wanted.contains(&rec.name) {
+                identity.check(r, line, &rec)?;
+            }
+        }
         if let Some(line) = back.truncated_last_line {
             eprintln!("note: {}:{line}: the last record line is cut short (a crash while writing it); that trial runs again", r.display());
             truncate_last_line(r)?;
         }
-        let wanted: HashSet<String> = plan.names().into_iter().collect();
         previous = back
             .outcomes
             .into_iter()
@@ -199,7 +209,7 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
     let timeout = Duration::from_secs(args.trial_timeout.unwrap_or(config.trial_timeout_s).max(1));
     let names: Vec<String> = plan.names();
     if args.no_isolate {
-        in_process(&plan, &path, args.suite, &opts, &pb)?;
+        execute_all(&plan, &path, args.suite, &opts, &identity, Some(&pb), None)?;
     } else {
         supervise(
             &names,
@@ -209,6 +219,7 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
             &args,
             &opts,
             timeout,
+            &identity,
             &pb,
         )?;
     }
@@ -226,17 +237,19 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
     summarize(&outcomes, &plan, scale, &path)
 }
 
-/// Runs every trial of `plan` here, writing records (and the worker protocol lines when
-/// `protocol`).
+/// Runs every trial of `plan` here, writing records (and, in a worker, the protocol lines
+/// for the parent whose pid is `worker_of`).
 fn execute_all(
     plan: &Plan,
     path: &Path,
     suite: Suite,
     opts: &RunOptions,
+    identity: &RunIdentity,
     pb: Option<&ProgressBar>,
-    protocol: bool,
+    worker_of: Option<u32>,
 ) -> Result<()> {
-    let mut rec = RecordWriter::open(path)?;
+    let protocol = worker_of.is_some();
+    let mut rec = RecordWriter::open(path)?.with_identity(identity.clone());
     if let Some(pb) = pb {
         pb.set_message("preparing (export)");
     }
@@ -255,6 +268,10 @@ fn execute_all(
             pb.set_message(t.name.clone());
         }
         let o = plan.execute(t, &cache, opts);
+        // A worker whose run is gone writes nothing more (the run's lock is released).
+        if worker_of.is_some_and(|p| !child_process::parent_alive(p)) {
+            std::process::exit(3);
+        }
         rec.write(suite.name(), &o)?;
         if !o.verdict.is_ok() {
             let text = format!(
@@ -279,18 +296,15 @@ fn execute_all(
     Ok(())
 }
 
-fn in_process(
-    plan: &Plan,
-    path: &Path,
-    suite: Suite,
-    opts: &RunOptions,
-    pb: &ProgressBar,
-) -> Result<()> {
-    execute_all(plan, path, suite, opts, Some(pb), false)
-}
-
 /// The worker side: exactly the trials named in `file`, in that order.
-fn worker(mut plan: Plan, file: &Path, args: &RunArgs, opts: &RunOptions) -> Result<()> {
+fn worker(
+    mut plan: Plan,
+    file: &Path,
+    args: &RunArgs,
+    opts: &RunOptions,
+    identity: RunIdentity,
+) -> Result<()> {
+    let parent = std::os::unix::process::parent_id();
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let wanted: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
@@ -300,7 +314,7 @@ fn worker(mut plan: Plan, file: &Path, args: &RunArgs, opts: &RunOptions) -> Res
         wanted.iter().enumerate().map(|(k, n)| (*n, k)).collect();
     plan.trials.sort_by_key(|t| order[t.name.as_str()]);
     let path = args.records.as_ref().context("a worker needs --records")?;
-    execute_all(&plan, path, args.suite, opts, None, true)
+    execute_all(&plan, path, args.suite, opts, &identity, None, Some(parent))
 }
 
 /// Supervises worker processes until every trial is recorded.
@@ -313,6 +327,7 @@ fn supervise(
     args: &RunArgs,
     opts: &RunOptions,
     timeout: Duration,
+    identity: &RunIdentity,
     pb: &ProgressBar,
 ) -> Result<()> {
     let mut remaining: VecDeque<String> = names.iter().cloned().collect();
@@ -352,6 +367,7 @@ fn supervise(
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        child_process::end_with_parent(&mut cmd);
         let mut child = cmd.spawn().context("cannot start a worker process")?;
         let tail: Arc<Mutex<VecDeque<String>>> = Arc::new(Mutex::new(VecDeque::new()));
         let stderr = child.stderr.take().context("worker stderr")?;
@@ -430,7 +446,7 @@ fn supervise(
         };
         match current {
             Some((name, _)) => {
-                record_crash(path, args.suite, &name, &format!("{how}{detail}"))?;
+                record_crash(path, args.suite, identity, &name, &format!("{how}{detail}"))?;
                 pb.suspend(|| eprintln!("ERROR {name}\n  {how}"));
                 remaining.retain(|r| r != &name);
                 pb.inc(1);
@@ -442,6 +458,7 @@ fn supervise(
                     record_crash(
                         path,
                         args.suite,
+                        identity,
                         &name,
                         &format!("{how} before this trial started{detail}"),
                     )?;
@@ -482,7 +499,13 @@ fn describe_exit(status: &std::process::ExitStatus) -> String {
 }
 
 /// Records an error for a trial the worker could not report itself.
-fn record_crash(path: &Path, suite: Suite, name: &str, why: &str) -> Result<()> {
+fn record_crash(
+    path: &Path,
+    suite: Suite,
+    identity: &RunIdentity,
+    name: &str,
+    why: &str,
+) -> Result<()> {
     let mut parts = name.splitn(3, '/');
     let (kind, b, i, c) = match name.split('/').next() {
         Some("golden") => (
@@ -506,7 +529,9 @@ fn record_crash(path: &Path, suite: Suite, name: &str, why: &str) -> Result<()> 
     };
     let mut o = TrialOutcome::new(name.to_string(), kind, &b, &i, &c);
     o.verdict = Verdict::Error(why.to_string());
-    RecordWriter::open(path)?.write(suite.name(), &o)
+    RecordWriter::open(path)?
+        .with_identity(identity.clone())
+        .write(suite.name(), &o)
 }
 
 /// Drops a cut-short last line so appended records start on a line of their own.

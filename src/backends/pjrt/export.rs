@@ -48,6 +48,7 @@ impl PyEnv {
             );
         }
         c.env("JAX_PLATFORMS", "cpu");
+        crate::child_process::end_with_parent(&mut c);
         c
     }
 
