@@ -500,6 +500,10 @@ pub fn run_trial(
                     "a speed budget is configured but the backend judged none".into(),
                 );
             }
+            // A reference that is not finite judges nothing: an ERROR of the case.
+            if let Some(g) = out.gates.iter().find(|g| g.oracle_nonfinite) {
+                out.verdict = Verdict::Error(format!("{}: {}", g.output, g.message));
+            }
             let gates_failed = out.gates.iter().any(|g| !g.passed)
                 || out.invariance.as_ref().is_some_and(|i| !i.passed());
             let budget_failed = out.budget.as_ref().is_some_and(|b| !b.passed)

@@ -1074,3 +1074,35 @@ fn a_golden_update_that_cannot_write_leaves_the_old_file_intact() {
         .collect();
     assert!(siblings.is_empty(), "left behind: {siblings:?}");
 }
+
+#[test]
+fn cases_outside_the_f32_contract_are_refused_when_they_load() {
+    // Each would give a non-finite oracle (or non-finite inputs): refused with the range.
+    for (fixed, want) in [
+        (
+            "profile: normal1e30",
+            "scaled logits |z/τ| up to 8.600e30, beyond the f32 contract's 2^64",
+        ),
+        (
+            "temperature: 1.0e-30",
+            "at temperature 1e-30 makes scaled logits |z/τ| up to 8.600e30",
+        ),
+        ("beta: 1.0e300", "beta 1e300 is outside the f32 contract (β ≤ 1e20"),
+        (
+            "dtype: f16, profile: normal1e4",
+            "profile normal10000 makes inputs up to 8.600e4 in magnitude, beyond f16's largest finite value",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("x.yaml"),
+            format!("groups:\n  - name: g\n    suites: [ci]\n    fixed: {{b: 1, t: 2, v: 9, {fixed}}}\n"),
+        )
+        .unwrap();
+        let o = suite(&["--cases", dir.path().to_str().unwrap(), "cases"]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{fixed}: {e}");
+        assert_eq!(e.trim().lines().count(), 1, "{e}");
+        assert!(e.contains("x.yaml") && e.contains(want), "{fixed}: {e}");
+    }
+}

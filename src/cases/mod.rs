@@ -179,9 +179,99 @@ impl Case {
         big.checked_add(small)
     }
 
+    /// An upper bound on |input element| the generator can produce for this case, and on
+    /// |z| (a logit: the input itself at the logits level, hidden·lm_head at the fused
+    /// level). Normal deviates are at most √(2·53·ln 2) ≈ 8.6 in magnitude (Box–Muller
+    /// on 53-bit uniforms).
+    pub fn magnitude_bounds(&self) -> (f64, f64) {
+        const DEVIATE: f64 = 8.6;
+        let sigma = match self.profile {
+            DataProfile::Normal(s) => s,
+            DataProfile::Zeros => 0.0,
+            _ => 1.0,
+        };
+        match self.level {
+            Level::Logits => {
+                let mut z = match self.profile {
+                    DataProfile::Large => 30.0 + DEVIATE,
+                    _ => sigma * DEVIATE,
+                };
+                if self.profile == DataProfile::Spike {
+                    z += crate::inputs::SPIKE as f64;
+                }
+                if self.mask == MaskPattern::RandomHostile {
+                    z += crate::inputs::HOSTILE_LOGIT_BUMP as f64;
+                }
+                (z, z)
+            }
+            Level::Fused => {
+                let h = self.shape.h.unwrap_or(1) as f64;
+                let sigma = if self.profile == DataProfile::Large { 30.0 } else { sigma };
+                let hidden = DEVIATE * crate::inputs::HOSTILE_HIDDEN_SCALE as f64;
+                let head = DEVIATE * sigma / h.sqrt();
+                (hidden.max(head), h * hidden * head)
+            }
+        }
+    }
+
+    /// A knob's value for a message: plain, or in exponent form when very large or small.
+    fn knob(x: f64) -> String {
+        if x != 0.0 && !(1e-4..1e6).contains(&x.abs()) {
+            format!("{x:e}")
+        } else {
+            format!("{x}")
+        }
+    }
+
+    /// The ranges inside which the f32 contract is defined (docs/spec.md, section 2):
+    /// every generated input is finite in its dtype, every scaled logit z/τ is at most
+    /// 2^64 in magnitude (so products of two scaled logits are finite in f32), τ and
+    /// 1 + ε_high are finite f32 values, and β ≤ 1e20 (β·e^20, the k3 term at the largest
+    /// log-ratio the generator makes, stays 10^9 below f32's largest value).
+    pub fn check_f32_range(&self) -> Result<(), String> {
+        let k = &self.knobs;
+        let f32_max = f32::MAX as f64;
+        if k.temperature > f32_max || 1.0 + k.epsilon_high > f32_max {
+            return Err(format!(
+                "temperature {} and 1 + epsilon_high {} must be finite f32 values (≤ 3.4e38)",
+                Self::knob(k.temperature),
+                Self::knob(1.0 + k.epsilon_high)
+            ));
+        }
+        if k.beta > 1e20 {
+            return Err(format!(
+                "beta {} is outside the f32 contract (β ≤ 1e20, docs/spec.md)",
+                Self::knob(k.beta)
+            ));
+        }
+        let dtype_max = match self.dtype {
+            DType::F16 => 65504.0,
+            DType::Bf16 => 3.3895e38,
+            DType::F32 => f32_max,
+        };
+        let (input, z) = self.magnitude_bounds();
+        if input > dtype_max {
+            return Err(format!(
+                "profile {} makes inputs up to {input:.3e} in magnitude, beyond {}'s largest finite value {dtype_max:.4e}",
+                self.profile,
+                self.dtype.name()
+            ));
+        }
+        let s = z / k.temperature;
+        if s > 2f64.powi(64) {
+            return Err(format!(
+                "profile {} at temperature {} makes scaled logits |z/τ| up to {s:.3e}, beyond the f32 contract's 2^64 ≈ 1.8e19 (docs/spec.md)",
+                self.profile,
+                Self::knob(k.temperature)
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks the combination is meaningful; the message says what is wrong.
     pub fn validate(&self) -> Result<(), String> {
         self.knobs.validate()?;
+        self.check_f32_range()?;
         let s = &self.shape;
         if s.b == 0 || s.t == 0 {
             return Err(format!("b and t must be >= 1, got b={} t={}", s.b, s.t));

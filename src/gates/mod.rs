@@ -50,6 +50,10 @@ pub struct GateReport {
     /// nothing was compared: `compared` is 0 and the message says so).
     #[serde(default = "provided_default")]
     pub provided: bool,
+    /// The reference itself is not finite here: nothing can be judged, and the trial is an
+    /// ERROR of the case, never a pass or an implementation's failure.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oracle_nonfinite: bool,
 }
 
 fn provided_default() -> bool {
@@ -74,6 +78,8 @@ struct Acc {
     excess: f64,
     worst: Option<(usize, f64, f64)>,
     nonfinite: Option<(usize, f32)>,
+    /// The first reference value that is not finite (the case is outside the contract).
+    ref_nonfinite: Option<(usize, f64)>,
 }
 
 impl Default for Acc {
@@ -88,6 +94,7 @@ impl Default for Acc {
             excess: f64::NEG_INFINITY,
             worst: None,
             nonfinite: None,
+            ref_nonfinite: None,
         }
     }
 }
@@ -95,6 +102,12 @@ impl Default for Acc {
 impl Acc {
     fn add(&mut self, i: usize, got: f32, want: f64, scale: f64, floor: f64) {
         self.n += 1;
+        if !want.is_finite() {
+            if self.ref_nonfinite.is_none() {
+                self.ref_nonfinite = Some((i, want));
+            }
+            return;
+        }
         if !got.is_finite() {
             if self.nonfinite.is_none() {
                 self.nonfinite = Some((i, got));
@@ -129,6 +142,10 @@ impl Acc {
             (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
             (a, b) => a.or(b),
         };
+        self.ref_nonfinite = match (self.ref_nonfinite, o.ref_nonfinite) {
+            (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+            (a, b) => a.or(b),
+        };
         self
     }
 
@@ -139,6 +156,19 @@ impl Acc {
         tol: Tolerance,
         tier: String,
     ) -> GateReport {
+        if let Some((i, w)) = self.ref_nonfinite {
+            return GateReport {
+                oracle_nonfinite: true,
+                ..fail(
+                    output,
+                    tier,
+                    format!(
+                        "the oracle is not finite at {} ({w}): the case is outside the f32 contract",
+                        index(shape, i)
+                    ),
+                )
+            };
+        }
         let norm_err = if self.r2 > 0.0 {
             (self.d2 / self.r2).sqrt()
         } else if self.d2 == 0.0 {
@@ -199,6 +229,7 @@ impl Acc {
             tier,
             message,
             provided: true,
+            oracle_nonfinite: false,
         }
     }
 }
@@ -232,6 +263,7 @@ fn fail(output: OutputName, tier: String, message: String) -> GateReport {
         tier,
         message: format!("{output}: FAIL {message}"),
         provided: true,
+        oracle_nonfinite: false,
     }
 }
 
@@ -266,6 +298,7 @@ fn unjudged(output: OutputName, tolerance: Tolerance, tier: String, message: Str
         tier,
         message,
         provided: true,
+        oracle_nonfinite: false,
     }
 }
 
@@ -440,6 +473,7 @@ fn judge_clipped(
             tier: tier.clone(),
             message: format!("clipped: ok, exact over {n} ({tier})"),
             provided: true,
+            oracle_nonfinite: false,
         },
         Some(&i) => fail(
             OutputName::Clipped,
@@ -497,6 +531,38 @@ fn judge_dlogits(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_non_finite_reference_never_passes() {
+        // Whatever the implementation returns, a reference value that is not finite makes
+        // the gate fail (the runner turns it into an ERROR of the case), at any position.
+        let tol = Tolerance {
+            norm_rel: 1e-3,
+            max_rel: 1e-2,
+            floor: 1e-6,
+        };
+        for bad in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
+            for at in [0usize, 2, 4] {
+                for got in [1.0f32, f32::INFINITY, f32::NAN] {
+                    let mut acc = Acc::default();
+                    for i in 0..5 {
+                        let want = if i == at { bad } else { 1.0 };
+                        acc.add(i, if i == at { got } else { 1.0 }, want, 1.0, tol.floor);
+                    }
+                    let r = acc.report(OutputName::Dlogits, &[5], tol, "standard/f32".into());
+                    assert!(!r.passed, "{bad} at {at}, got {got}: {}", r.message);
+                    assert!(r.oracle_nonfinite);
+                    assert!(
+                        r.message.contains(&format!(
+                            "the oracle is not finite at [{at}] ({bad}): the case is outside the f32 contract"
+                        )),
+                        "{}",
+                        r.message
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_failed_gate_with_nan_errors_survives_a_json_round_trip() {
