@@ -347,6 +347,7 @@ impl Config {
             base
         };
         c.backends.resolve_paths(&base);
+        c.backends.check_paths(&c.origin)?;
         Ok(c)
     }
 

@@ -85,9 +85,22 @@ pub fn config() -> Result<Option<PathBuf>> {
     path(CONFIG)
 }
 
-/// `GRPO_PYTHON`.
+/// `GRPO_PYTHON`: a file, or a command name found on `PATH` (as `scripts/setup.sh` uses
+/// it, e.g. `python3.12`).
 pub fn python() -> Result<Option<PathBuf>> {
-    path(PYTHON)
+    match path(PYTHON)? {
+        Some(p) if p.components().count() == 1 && !p.is_file() => {
+            let on_path = std::env::var_os("PATH")
+                .map(|v| std::env::split_paths(&v).any(|d| d.join(&p).is_file()))
+                .unwrap_or(false);
+            if !on_path {
+                bail!("{PYTHON}={} is neither a file nor a command on PATH; fix or unset it", p.display());
+            }
+            Ok(Some(p))
+        }
+        Some(p) if !p.is_file() => bail!("{PYTHON}={} is not a file; fix or unset it", p.display()),
+        other => Ok(other),
+    }
 }
 
 /// `GRPO_ARTIFACTS`.

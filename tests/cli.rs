@@ -358,13 +358,19 @@ fn a_scaled_tolerance_is_loud_in_the_summary() {
 #[test]
 #[cfg(feature = "pjrt")]
 fn an_unavailable_backend_lists_its_trials_ignored_and_a_required_one_fails() {
-    let cfg = "backends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu: {plugin: /nonexistent/plugin.so, implementations: [jax_baseline]}\n";
-    let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[]);
+    // The default plugin (none named) missing: a checkout root without a venv.
+    let root = tempfile::tempdir().unwrap();
+    for d in ["cases", "configs", "golden"] {
+        std::os::unix::fs::symlink(repo_root().join(d), root.path().join(d)).unwrap();
+    }
+    let r = root.path().to_str().unwrap();
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu: {implementations: [jax_baseline]}\n";
+    let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[("GRPO_ROOT", r)]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         out.contains("pjrt-cpu/jax_baseline")
-            && out.contains("ignored: backend unavailable: PJRT plugin /nonexistent/plugin.so"),
+            && out.contains(&format!("ignored: backend unavailable: no PJRT CPU plugin at {r}/.venv/lib/python3*/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")),
         "{out}"
     );
     assert!(
@@ -374,7 +380,7 @@ fn an_unavailable_backend_lists_its_trials_ignored_and_a_required_one_fails() {
     let (o, _d) = run_with(
         cfg,
         &["--suite", "smoke"],
-        &[("GRPO_REQUIRE_BACKENDS", "reference,pjrt-cpu")],
+        &[("GRPO_REQUIRE_BACKENDS", "reference,pjrt-cpu"), ("GRPO_ROOT", r)],
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(
@@ -716,6 +722,8 @@ fn environment_paths_that_are_not_files_are_one_line() {
         ("GRPO_PJRT_PLUGIN", ""),
         ("GRPO_LIBTPU", "/nonexistent/libtpu.so"),
         ("GRPO_SUITE", "nightlyy"),
+        ("GRPO_PYTHON", "/nonexistent/python"),
+        ("GRPO_PYTHON", "no-such-python3.99"),
     ] {
         let o = grpo_suite()
             .env(var, val)
@@ -1104,5 +1112,43 @@ fn cases_outside_the_f32_contract_are_refused_when_they_load() {
         assert_eq!(o.status.code(), Some(2), "{fixed}: {e}");
         assert_eq!(e.trim().lines().count(), 1, "{e}");
         assert!(e.contains("x.yaml") && e.contains(want), "{fixed}: {e}");
+    }
+}
+
+#[test]
+fn paths_a_config_names_must_exist() {
+    // A path the user wrote is a config error when it is wrong, never a backend quietly
+    // "unavailable" with its trials ignored and a green run.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    for (backend, want) in [
+        (
+            format!("pjrt-cpu: {{plugin: {d}/missing.so, implementations: [jax_baseline]}}"),
+            format!("backend `pjrt-cpu`: plugin {d}/missing.so does not exist"),
+        ),
+        (
+            format!("pjrt-cpu: {{plugin: {d}, implementations: [jax_baseline]}}"),
+            format!("backend `pjrt-cpu`: plugin {d} is a directory, not a shared library"),
+        ),
+        (
+            format!("tpu-aot: {{plugin: {d}/libtpu.so, topologies: [v6e:2x2], implementations: [jax_baseline]}}"),
+            format!("backend `tpu-aot`: plugin {d}/libtpu.so does not exist"),
+        ),
+        (
+            "pjrt-cpu: {implementations: [{id: 'k:f', python: nowhere/bin/python}]}".to_string(),
+            format!("backend `pjrt-cpu`, implementation `k:f`: python {d}/nowhere/bin/python is not a file"),
+        ),
+        (
+            "pjrt-cpu: {implementations: [{id: 'k:f', pythonpath: [src]}]}".to_string(),
+            format!("backend `pjrt-cpu`, implementation `k:f`: pythonpath entry {d}/src is not a directory"),
+        ),
+    ] {
+        let cfg = dir.path().join("c.yaml");
+        std::fs::write(&cfg, format!("backends:\n  reference: {{implementations: [oracle]}}\n  {backend}\n")).unwrap();
+        let o = suite(&["run", "--suite", "smoke", "--list", "--config", cfg.to_str().unwrap()]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{backend}: {e}");
+        assert_eq!(e.trim().lines().count(), 1, "{e}");
+        assert!(e.contains(&format!("{}: {want}", cfg.display())), "{e}");
     }
 }

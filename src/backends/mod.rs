@@ -263,6 +263,49 @@ impl BackendsConfig {
         }
     }
 
+    /// Checks that every path the configuration names exists: a backend's `plugin` is a
+    /// file, an implementation's `python` is a file and its `pythonpath` entries are
+    /// directories. (Only an unnamed, default plugin may be missing: that backend is then
+    /// unavailable.)
+    pub fn check_paths(&self, origin: &str) -> Result<()> {
+        let plugins = [
+            ("pjrt-cpu", self.pjrt_cpu.as_ref().and_then(|c| c.plugin.as_ref())),
+            ("tpu-aot", self.tpu_aot.as_ref().and_then(|c| c.plugin.as_ref())),
+            ("pjrt-tpu", self.pjrt_tpu.as_ref().and_then(|c| c.plugin.as_ref())),
+        ];
+        for (b, p) in plugins {
+            if let Some(p) = p {
+                if p.is_dir() {
+                    anyhow::bail!("{origin}: backend `{b}`: plugin {} is a directory, not a shared library", p.display());
+                }
+                if !p.is_file() {
+                    anyhow::bail!("{origin}: backend `{b}`: plugin {} does not exist", p.display());
+                }
+            }
+        }
+        let lists = [
+            ("pjrt-cpu", self.pjrt_cpu.as_ref().map(|c| &c.implementations)),
+            ("tpu-aot", self.tpu_aot.as_ref().map(|c| &c.implementations)),
+            ("pjrt-tpu", self.pjrt_tpu.as_ref().map(|c| &c.implementations)),
+        ];
+        for (b, list) in lists {
+            for imp in crate::config::enabled(list.map(Vec::as_slice).unwrap_or(&[])) {
+                let n = imp.display_name();
+                if let Some(py) = &imp.python {
+                    if !py.is_file() {
+                        anyhow::bail!("{origin}: backend `{b}`, implementation `{n}`: python {} is not a file", py.display());
+                    }
+                }
+                for d in &imp.pythonpath {
+                    if !d.is_dir() {
+                        anyhow::bail!("{origin}: backend `{b}`, implementation `{n}`: pythonpath entry {} is not a directory", d.display());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The enabled implementation entries of the exporting backends (pjrt-cpu, tpu-aot,
     /// pjrt-tpu), in config order.
     pub fn exported_implementations(&self) -> Vec<crate::config::ImplConfig> {
