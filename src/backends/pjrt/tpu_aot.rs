@@ -428,6 +428,10 @@ impl Backend for TpuAot {
         self.exporter.check_config(&self.impls)
     }
 
+    fn broken(&self, implementation: &str) -> Option<String> {
+        super::export::find(&self.impls, implementation).and_then(|i| self.exporter.broken(i))
+    }
+
     fn prepare(&self, work: &[(&str, &Case)]) -> Result<()> {
         // Speed budgets compare with jax_baseline on the same case: export it in the batch.
         let base = self.baseline_entry();
