@@ -415,6 +415,26 @@ mod tests {
     }
 
     #[test]
+    fn export_timeout_defaults_and_must_be_positive() {
+        let c = Config::parse(
+            "backends:\n  reference: {implementations: [oracle]}\n",
+            "c.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.export_timeout_s, 600);
+        let e = Config::parse(
+            "export_timeout_s: 0\nbackends:\n  reference: {implementations: [oracle]}\n",
+            "c.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("c.yaml") && e.contains("export_timeout_s must be at least 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn backend_settings_belong_to_their_backend() {
         // `cpu_device_count` is a pjrt-cpu setting: the reference backend rejects it.
         let e = Config::parse(
