@@ -333,7 +333,7 @@ impl TpuAot {
                 Exported::Unsupported(r) => {
                     return Err(format!("{BASELINE} does not support the case: {r}"))
                 }
-                Exported::Failed(e) => return Err(format!("{BASELINE} export failed: {e}")),
+                Exported::Failed(e) => return Err(format!("the speed reference {BASELINE}: {e}")),
             };
             let cached = module.with_file_name(format!(
                 "derived-{}-libtpu{}-v{COST_MODEL_VERSION}.json",
