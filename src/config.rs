@@ -6,6 +6,8 @@
 //! ```yaml
 //! repeats: 3          # timed executions per trial
 //! warmup: 1           # untimed executions first
+//! trial_timeout_s: 3600   # one trial of `grpo-suite run`
+//! export_timeout_s: 600   # one module of the exporter (import, check, trace, export)
 //! backends:
 //!   reference: {implementations: [oracle, naive_f32]}
 //!   pjrt-cpu:
@@ -43,6 +45,11 @@ pub struct Config {
     /// killed and the trial recorded as timed out.
     #[serde(default = "default_trial_timeout")]
     pub trial_timeout_s: u64,
+    /// Seconds the exporter may spend on one implementation's module (importing the
+    /// implementation's Python module, checking its entry, tracing and exporting one case)
+    /// before it is killed and that implementation's trials are errors.
+    #[serde(default = "default_export_timeout")]
+    pub export_timeout_s: u64,
     /// Backends by name, each with its own settings.
     pub backends: BackendsConfig,
     /// Known failures: the trials run, a failure is reported as expected, a pass fails the run.
@@ -61,6 +68,9 @@ fn default_warmup() -> usize {
 }
 fn default_trial_timeout() -> u64 {
     3600
+}
+fn default_export_timeout() -> u64 {
+    600
 }
 
 /// A known, tracked failure (wasmtime's `should_fail` discipline): the matching trials
@@ -313,6 +323,9 @@ impl Config {
     pub fn parse(text: &str, origin: &str) -> Result<Config> {
         let mut c: Config = serde_yaml_ng::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
         c.origin = origin.to_string();
+        if c.export_timeout_s == 0 {
+            bail!("{origin}: export_timeout_s must be at least 1 (seconds per exported module)");
+        }
         c.backends.validate(origin)?;
         for (k, e) in c.expected_failures.iter().enumerate() {
             if e.reason.trim().is_empty() {
@@ -398,6 +411,26 @@ mod tests {
             .to_string();
         assert!(
             e.contains("unknown field `pjrt-tpuu`") && e.contains("line 2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn export_timeout_defaults_and_must_be_positive() {
+        let c = Config::parse(
+            "backends:\n  reference: {implementations: [oracle]}\n",
+            "c.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.export_timeout_s, 600);
+        let e = Config::parse(
+            "export_timeout_s: 0\nbackends:\n  reference: {implementations: [oracle]}\n",
+            "c.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("c.yaml") && e.contains("export_timeout_s must be at least 1"),
             "{e}"
         );
     }

@@ -216,6 +216,30 @@ impl Plan {
         required: &[String],
         bless: bool,
     ) -> Result<Plan> {
+        Plan::build_inner(matrix, suite, config, required, bless, true)
+    }
+
+    /// [`Plan::build`] for a worker process of `grpo-suite run`: its parent has already
+    /// checked the same configuration with each backend ([`Backend::validate`]), so the
+    /// worker does not ask the exporter again (an external module's check is not cached,
+    /// and one that hangs would hang each worker).
+    pub fn build_for_worker(
+        matrix: &Matrix,
+        suite: Suite,
+        config: &Config,
+        required: &[String],
+    ) -> Result<Plan> {
+        Plan::build_inner(matrix, suite, config, required, false, false)
+    }
+
+    fn build_inner(
+        matrix: &Matrix,
+        suite: Suite,
+        config: &Config,
+        required: &[String],
+        bless: bool,
+        validate: bool,
+    ) -> Result<Plan> {
         for r in required {
             if !config.backends.names().contains(r) {
                 bail!(
@@ -226,7 +250,7 @@ impl Plan {
             }
         }
         let (ready, unavailable) = backends::available(config);
-        for b in &ready {
+        for b in ready.iter().filter(|_| validate) {
             b.validate()
                 .map_err(|e| anyhow::anyhow!("{}: backend `{}`: {e:#}", config.origin, b.name()))?;
         }
@@ -414,6 +438,19 @@ impl Plan {
             if let Some(c) = t.needs_oracle() {
                 cache.expect(c, 1);
             }
+        }
+    }
+
+    /// Why a run trial is an error without running it, if its backend says so
+    /// ([`Backend::broken`]: e.g. its implementation's module hung while it was checked).
+    pub fn broken(&self, t: &Trial) -> Option<String> {
+        match &t.work {
+            Work::Run {
+                target: Target::Ready(b),
+                implementation,
+                ..
+            } => b.broken(implementation),
+            _ => None,
         }
     }
 

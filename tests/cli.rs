@@ -592,6 +592,20 @@ fn implementation_typos_and_bad_options_are_config_errors() {
     assert!(e.contains("no implementation `naive_f64`"), "{e}");
 }
 
+/// A case directory's file edited by a malformation of [`reproduce_case_errors_are_one_line`].
+type Malform = Box<dyn Fn(&Path)>;
+
+/// Edits `case.json` of a case directory.
+fn edit_case_json(f: impl Fn(&mut serde_json::Value) + 'static) -> Malform {
+    Box::new(move |d: &Path| {
+        let p = d.join("case.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        f(&mut v);
+        std::fs::write(&p, v.to_string()).unwrap();
+    })
+}
+
 #[test]
 fn reproduce_case_errors_are_one_line() {
     let py = repo_root().join(".venv/bin/python");
@@ -599,20 +613,143 @@ fn reproduce_case_errors_are_one_line() {
         return; // the inputs test above covers the set-up requirement
     }
     let script = repo_root().join("scripts/reproduce_case.py");
-    for (args, want) in [
-        (vec![], "usage: reproduce_case.py DIR"),
-        (
-            vec!["/nonexistent/dir"],
-            "/nonexistent/dir has no case.json",
-        ),
-    ] {
-        let o = Command::new(&py).arg(&script).args(&args).output().unwrap();
-        assert_eq!(o.status.code(), Some(2), "{args:?}");
+    let one_line = |args: &[&std::ffi::OsStr], want: &[&str], what: &str| {
+        let o = Command::new(&py).arg(&script).args(args).output().unwrap();
         let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{what}: {e}");
         assert!(
-            e.contains(want) && e.trim().lines().count() == 1 && !e.contains("Traceback"),
-            "{e}"
+            e.starts_with("error: ")
+                && e.trim().lines().count() == 1
+                && !e.contains("Traceback")
+                && want.iter().all(|w| e.contains(w)),
+            "{what}: want {want:?} in one line: {e}"
         );
+    };
+    one_line(&[], &["usage: reproduce_case.py DIR"], "no argument");
+    one_line(
+        &["/nonexistent/dir".as_ref()],
+        &["/nonexistent/dir has no case.json"],
+        "no directory",
+    );
+    // Malformed copies of a real case directory: each error names the file and what is wrong.
+    let good = tempfile::tempdir().unwrap();
+    let id = "logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed";
+    let o = suite(&["inputs", id, "--out", good.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let write = |name: &'static str, bytes: &'static [u8]| -> Malform {
+        Box::new(move |d: &Path| std::fs::write(d.join(name), bytes).unwrap())
+    };
+    let cases: Vec<(&str, Malform, &[&str])> = vec![
+        (
+            "missing input",
+            Box::new(|d: &Path| std::fs::remove_file(d.join("logits.npy")).unwrap()),
+            &["logits.npy", "missing"],
+        ),
+        (
+            "missing output",
+            Box::new(|d: &Path| std::fs::remove_file(d.join("kl.npy")).unwrap()),
+            &["kl.npy", "missing"],
+        ),
+        (
+            "a directory in place of a file",
+            Box::new(|d: &Path| {
+                std::fs::remove_file(d.join("mask.npy")).unwrap();
+                std::fs::create_dir(d.join("mask.npy")).unwrap();
+            }),
+            &["mask.npy", "not a file"],
+        ),
+        (
+            "garbage .npy",
+            write("logits.npy", b"garbage\n"),
+            &["logits.npy", "not a readable .npy file"],
+        ),
+        (
+            "truncated .npy",
+            Box::new(|d: &Path| {
+                let b = std::fs::read(d.join("logits.npy")).unwrap();
+                std::fs::write(d.join("logits.npy"), &b[..200]).unwrap();
+            }),
+            &["logits.npy", "not a readable .npy file"],
+        ),
+        (
+            "wrong input shape",
+            Box::new(|d: &Path| {
+                npy::write_f32(&d.join("logits.npy"), &[2, 8, 7], &[0.0; 112]).unwrap()
+            }),
+            &["logits.npy", "shape (2, 8, 7)", "[2, 8, 2049]"],
+        ),
+        (
+            "wrong input dtype",
+            Box::new(|d: &Path| {
+                npy::write_f32(&d.join("chosen_ids.npy"), &[2, 8], &[0.5; 16]).unwrap()
+            }),
+            &["chosen_ids.npy", "dtype"],
+        ),
+        (
+            "ids outside the vocabulary",
+            Box::new(|d: &Path| {
+                npy::write_i32(&d.join("chosen_ids.npy"), &[2, 8], &[99999; 16]).unwrap()
+            }),
+            &["chosen_ids.npy", "99999", "[0, 2049)"],
+        ),
+        (
+            "wrong output shape",
+            Box::new(|d: &Path| npy::write_f32(&d.join("kl.npy"), &[3, 3], &[0.0; 9]).unwrap()),
+            &["kl.npy", "shape (3, 3)", "(2, 8)"],
+        ),
+        (
+            "invalid JSON",
+            write("case.json", b"{not json"),
+            &["case.json", "not valid JSON", "line 1"],
+        ),
+        (
+            "not UTF-8",
+            write("case.json", b"\xff\xfe{"),
+            &["case.json", "not valid JSON"],
+        ),
+        (
+            "JSON but not an object",
+            write("case.json", b"[1, 2]"),
+            &["case.json", "a JSON object"],
+        ),
+        (
+            "missing keys",
+            write("case.json", b"{\"case\": {}}"),
+            &["case.json", "case.id"],
+        ),
+        (
+            "unknown dtype",
+            edit_case_json(|v| v["case"]["dtype"] = "f64x".into()),
+            &["case.json", "case.dtype", "f64x"],
+        ),
+        (
+            "unknown level",
+            edit_case_json(|v| v["case"]["level"] = "wat".into()),
+            &["case.json", "case.level", "wat"],
+        ),
+        (
+            "a knob of the wrong type",
+            edit_case_json(|v| v["case"]["knobs"]["beta"] = "x".into()),
+            &["case.json", "case.knobs.beta", "'x'"],
+        ),
+        (
+            "an input entry without its shape",
+            edit_case_json(|v| {
+                v["inputs"]["mask"].as_object_mut().unwrap().remove("shape");
+            }),
+            &["case.json", "inputs.mask.shape"],
+        ),
+    ];
+    for (what, malform, want) in cases {
+        let d = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(good.path()).unwrap().flatten() {
+            std::fs::copy(e.path(), d.path().join(e.file_name())).unwrap();
+        }
+        malform(d.path());
+        let dir = d.path().display().to_string();
+        let mut want = want.to_vec();
+        want.push(&dir);
+        one_line(&[d.path().as_os_str()], &want, what);
     }
 }
 

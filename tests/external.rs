@@ -107,12 +107,24 @@ fn a_kernel_that_counts_padding_columns_fails_readably() {
 }
 
 #[test]
-fn a_missing_module_is_one_line() {
+fn a_module_that_does_not_import_is_one_line() {
+    // Missing, exiting the process at import (os._exit: no message at all), sys.exit at
+    // import: one `error:` line naming every entry, before anything runs.
     let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("exit_import.py"),
+        "import os\nos._exit(7)\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("sysexit_import.py"),
+        "import sys\nsys.exit('bye from import')\n",
+    )
+    .unwrap();
     let cfg = dir.path().join("c.yaml");
-    std::fs::write(&cfg, "backends:\n  pjrt-cpu:\n    implementations:\n      - {id: \"no_such_pkg.kernels:IMPL\", name: mine, pythonpath: [.]}\n").unwrap();
+    std::fs::write(&cfg, "backends:\n  pjrt-cpu:\n    implementations:\n      - {id: \"no_such_pkg.kernels:IMPL\", name: mine, pythonpath: [.]}\n      - {id: \"exit_import:IMPL\", name: exits, pythonpath: [.]}\n      - {id: \"sysexit_import:IMPL\", name: sysexits, pythonpath: [.]}\n").unwrap();
     let (o, _d) = run(&cfg, &[], &[]);
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let e = String::from_utf8_lossy(&o.stderr);
     let line = e
         .lines()
@@ -124,7 +136,157 @@ fn a_missing_module_is_one_line() {
             && line.contains("c.yaml"),
         "{line}"
     );
+    assert!(
+        line.contains("`exits`") && line.contains("'exit_import:IMPL'") && line.contains("7"),
+        "{line}"
+    );
+    assert!(
+        line.contains("`sysexits`")
+            && line.contains("'sysexit_import:IMPL'")
+            && line.contains("bye from import"),
+        "{line}"
+    );
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
     assert!(!e.contains("Traceback") && !e.contains("panicked"), "{e}");
+}
+
+/// Implementations that misbehave while they are traced and exported (the suite's
+/// jax_baseline with its outputs or its tracing replaced).
+const BAD_EXPORT: &str = r#"
+import dataclasses, os, time
+import jax.numpy as jnp
+from grpo_jax.impls import baseline
+
+BASE = baseline.IMPLEMENTATION
+
+def _wrap(name, post):
+    def build(problem, knobs, options):
+        fn = BASE.build(problem, knobs, options)
+        return lambda *args: post(tuple(fn(*args)))
+    return dataclasses.replace(BASE, id=name, build=build)
+
+def _exit(outs):
+    os._exit(3)
+
+def _hang(outs):
+    time.sleep(3600)
+
+def _raise(outs):
+    raise ValueError("the kernel cannot trace this")
+
+WRONG_SHAPE = _wrap("wrong_shape", lambda o: (o[0][None],) + o[1:])
+WRONG_DTYPE = _wrap("wrong_dtype", lambda o: tuple(x.astype(jnp.float16) if x.dtype == jnp.float32 else x for x in o))
+NAN = _wrap("nan", lambda o: tuple(jnp.full_like(x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating) else x for x in o))
+RAISES = _wrap("raises", _raise)
+EXITS = _wrap("exits", _exit)
+HANGS = _wrap("hangs", _hang)
+"#;
+
+#[test]
+fn a_misbehaving_module_is_one_line_per_trial_and_a_hang_is_bounded() {
+    // One run over one case: wrong shapes, wrong dtypes, an exception while tracing, an
+    // os._exit while tracing, a hang while tracing and a hang at import (in the
+    // configuration check of the parent process). Each is an ERROR of its own trials in one
+    // line naming the entry and its module:attribute, the run goes on (jax_baseline passes)
+    // and ends within a bound; NaN outputs are the judge's FAIL.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(bad.join("bad_export.py"), BAD_EXPORT).unwrap();
+    std::fs::write(
+        bad.join("hang_import.py"),
+        "import time\ntime.sleep(3600)\n",
+    )
+    .unwrap();
+    let entries = [
+        ("WRONG_SHAPE", "wrong_shape"),
+        ("WRONG_DTYPE", "wrong_dtype"),
+        ("NAN", "nan"),
+        ("RAISES", "raises"),
+        ("EXITS", "exits"),
+        ("HANGS", "hangs"),
+    ];
+    let mut cfg = String::from(
+        "export_timeout_s: 5\nbackends:\n  pjrt-cpu:\n    implementations:\n      - jax_baseline\n",
+    );
+    for (attr, name) in entries {
+        cfg.push_str(&format!(
+            "      - {{id: \"bad_export:{attr}\", name: {name}, pythonpath: [bad]}}\n"
+        ));
+    }
+    cfg.push_str("      - {id: \"hang_import:IMPL\", name: hang_import, pythonpath: [bad]}\n");
+    let cfg_path = dir.path().join("c.yaml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let rec = dir.path().join("r.jsonl");
+    let art = dir.path().join("artifacts");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_grpo-suite"));
+    c.env_remove("GRPO_REQUIRE_BACKENDS")
+        .env("GRPO_ARTIFACTS", &art)
+        .args(["run", "--suite", "smoke", "--config"])
+        .arg(&cfg_path)
+        .arg("--records")
+        .arg(&rec)
+        .args(["--filter", "logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0/"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    std::os::unix::process::CommandExt::process_group(&mut c, 0);
+    let child = c.spawn().unwrap();
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()).ok());
+    let bound = std::time::Duration::from_secs(150);
+    let o = match rx.recv_timeout(bound) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) on the run's own process group (it and its workers/exporters).
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            panic!("the run did not finish within {bound:?}: a hanging module hung it");
+        }
+    };
+    let out = text(&o);
+    // A finished run with failing trials (not a configuration error): every trial recorded.
+    assert_eq!(o.status.code(), Some(2), "{out}");
+    assert!(out.contains("2 passed, 1 failed, 6 errors"), "{out}");
+    assert!(!out.contains("Traceback"), "{out}");
+    let recs: Vec<serde_json::Value> = std::fs::read_to_string(&rec)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let rec_of = |name: &str| {
+        recs.iter()
+            .find(|r| r["implementation"] == name)
+            .unwrap_or_else(|| panic!("no record of {name}: {out}"))
+    };
+    assert_eq!(rec_of("jax_baseline")["verdict"], "pass", "{out}");
+    let nan = rec_of("nan");
+    assert_eq!(nan["verdict"], "fail", "{nan}");
+    for (name, id, want) in [
+        ("wrong_shape", "bad_export:WRONG_SHAPE", "`loss`"),
+        ("wrong_dtype", "bad_export:WRONG_DTYPE", "f16"),
+        (
+            "raises",
+            "bad_export:RAISES",
+            "the kernel cannot trace this",
+        ),
+        ("exits", "bad_export:EXITS", "exit status: 3"),
+        ("hangs", "bad_export:HANGS", "export_timeout_s"),
+        ("hang_import", "hang_import:IMPL", "export_timeout_s"),
+    ] {
+        let r = rec_of(name);
+        assert_eq!(r["verdict"], "error", "{name}: {r}");
+        let why = r["reason"].as_str().unwrap();
+        assert!(!why.contains('\n'), "{name}: not one line: {why}");
+        assert!(
+            why.contains(&format!("`{name}`"))
+                && why.contains(&format!("'{id}'"))
+                && why.contains(want),
+            "{name}: {why}"
+        );
+    }
+    // Where in the user's module an exception was raised.
+    let why = rec_of("raises")["reason"].as_str().unwrap().to_string();
+    assert!(why.contains("bad_export.py:"), "{why}");
 }
 
 #[test]

@@ -169,6 +169,13 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// Why every trial of `implementation` is an error without running (after
+    /// [`Backend::validate`]: e.g. its module hung while it was checked), if it is. Such
+    /// trials are recorded without a worker and without exporting. Default: none.
+    fn broken(&self, _implementation: &str) -> Option<String> {
+        None
+    }
+
     /// False for compile-only backends: no outputs, so no inputs or oracle are prepared
     /// and no output gates are judged (memory budgets are).
     fn executes(&self) -> bool {
@@ -356,6 +363,8 @@ pub fn available(config: &crate::config::Config) -> (Vec<Arc<dyn Backend>>, Vec<
     let mut ok: Vec<Arc<dyn Backend>> = Vec::new();
     let mut missing = Vec::new();
     let b = &config.backends;
+    #[cfg(feature = "pjrt")]
+    pjrt::export::set_timeout(config.export_timeout_s);
     if let Some(r) = &b.reference {
         ok.push(Arc::new(ReferenceBackend::new(r)));
     }

@@ -101,7 +101,11 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
         }
     }
     let required = grpo_conformance::env::require_backends();
-    let mut plan = Plan::build(matrix, args.suite, &config, &required, false)?;
+    let mut plan = if args.worker.is_some() {
+        Plan::build_for_worker(matrix, args.suite, &config, &required)?
+    } else {
+        Plan::build(matrix, args.suite, &config, &required, false)?
+    };
     let all_impls: Vec<String> = plan.trials.iter().map(|t| t.key.1.clone()).collect();
     for i in &args.impls {
         if !all_impls.contains(i) {
@@ -208,11 +212,26 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
     );
     let timeout = Duration::from_secs(args.trial_timeout.unwrap_or(config.trial_timeout_s).max(1));
     let names: Vec<String> = plan.names();
+    // Trials whose implementation is known broken (its module hung when the configuration
+    // was checked) are recorded here as errors: no worker exports it again.
+    let broken: Vec<(String, String)> = plan
+        .trials
+        .iter()
+        .filter_map(|t| plan.broken(t).map(|why| (t.name.clone(), why)))
+        .collect();
+    for (name, why) in &broken {
+        record_crash(&path, args.suite, &identity, name, why)?;
+        pb.suspend(|| eprintln!("ERROR {name}\n  {why}"));
+        pb.inc(1);
+    }
+    let broken: HashSet<&String> = broken.iter().map(|(n, _)| n).collect();
+    plan.trials.retain(|t| !broken.contains(&t.name));
+    let to_run: Vec<String> = plan.names();
     if args.no_isolate {
         execute_all(&plan, &path, args.suite, &opts, &identity, Some(&pb), None)?;
     } else {
         supervise(
-            &names,
+            &to_run,
             &path,
             cases_dir,
             &config_path,
@@ -498,7 +517,8 @@ fn describe_exit(status: &std::process::ExitStatus) -> String {
     format!("{status}")
 }
 
-/// Records an error for a trial the worker could not report itself.
+/// Records an error for a trial no worker reported: its worker died or hung, or the trial
+/// was settled before any worker started (a broken implementation).
 fn record_crash(
     path: &Path,
     suite: Suite,

@@ -190,6 +190,7 @@ mod imp {
             grpo_conformance::cases::Suite::Nightly,
         )?;
         let config = Config::load(&config_path)?;
+        grpo_conformance::backends::pjrt::export::set_timeout(config.export_timeout_s);
         let case = sweep_case(matrix, &args)?;
         let budgets = budgets(&config, &args);
         let plugin = config

@@ -12,7 +12,15 @@ JSON result line per request on stdout, in order, flushed after each. Anything e
 libraries print goes to stderr. A bad request yields an ``error`` line; the batch goes on.
 
 Result: {"status":"ok","key","dir","manifest","cached"} | {"status":"unsupported","reason"}
-      | {"status":"error","message","detail"}.
+      | {"status":"error","message","detail"}: ``message`` is one line (what, and where in the
+implementation's own code), ``detail`` the traceback. Whatever an implementation does while
+it is imported, built or traced (an exception, ``sys.exit``) is such an error line.
+
+Progress on stderr (``protocol.READY_MARKER`` once the libraries are imported,
+``protocol.CHECK_MARKER`` + index before each ``--check-config`` entry) lets the caller put
+each implementation under a time limit and blame a hang or an ``os._exit`` on it. Results
+go to the process's original stdout; file descriptor 1 is pointed at stderr, so nothing an
+implementation writes (even from C) can corrupt the result stream.
 Artifacts: ``<dir>/module.mlirbc`` (``Exported.mlir_module_serialized``: StableHLO portable
 bytecode, one platform, unused arguments dropped) and ``<dir>/manifest.json``.
 """
@@ -28,7 +36,8 @@ from pathlib import Path
 from typing import IO, Callable, Iterable, NamedTuple, Optional
 
 from . import cache
-from .protocol import MISMATCH_EXIT, PROTOCOL_VERSION
+from .errors import one_line
+from .protocol import CHECK_MARKER, MISMATCH_EXIT, PROTOCOL_VERSION, READY_MARKER
 from .spec import (Knobs, Problem, dtype_name, input_specs, normalize_request, output_specs,
                    problem_of)
 
@@ -156,10 +165,22 @@ def built_not_provided(norm: dict) -> frozenset:
 
 
 def _check_avals(kind: str, specs, avals) -> None:
+    """RuntimeError naming each argument or result whose shape or dtype is not SPEC's."""
     got = [(tuple(a.shape), dtype_name(a.dtype)) for a in avals]
     want = [(tuple(s.shape), s.dtype) for s in specs]
-    if got != want:
-        raise RuntimeError(f"exported {kind}s {got} differ from the SPEC's {want}")
+    if got == want:
+        return
+
+    def fmt(shape_dtype):
+        shape, dtype = shape_dtype
+        return f"{dtype}[{','.join(map(str, shape))}]"
+    if len(got) != len(want):
+        raise RuntimeError(
+            f"the module has {len(got)} {kind}s ({', '.join(map(fmt, got))}), SPEC has "
+            f"{len(want)} ({', '.join(f'{s.name} {fmt(w)}' for s, w in zip(specs, want))})")
+    raise RuntimeError("; ".join(
+        f"{kind} `{s.name}` is {fmt(g)}, SPEC's is {fmt(w)}"
+        for s, g, w in zip(specs, got, want) if g != w))
 
 
 def handle_request(req, cache_dir: Path) -> dict:
@@ -182,9 +203,8 @@ def handle_request(req, cache_dir: Path) -> dict:
             manifest.update(derive_kernels(built.fn, mod))
         cache.store(cache_dir, key, exported.mlir_module_serialized, manifest)
         return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": False}
-    except Exception as exc:  # noqa: BLE001 - every failure becomes a result line
-        message = " ".join(f"{type(exc).__name__}: {exc}".split())
-        return {"status": "error", "message": message[:2000], "detail": traceback.format_exc()}
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - every failure is a result line
+        return {"status": "error", "message": one_line(exc), "detail": traceback.format_exc()}
 
 
 def run_batch(lines: Iterable[str], cache_dir: Path, out: IO[str]) -> int:
@@ -221,26 +241,49 @@ def list_impls() -> list[dict]:
 
 def check_config(entries: list) -> list[dict]:
     """Checks configured implementations without exporting: each entry ``{name, impl,
-    impl_options}`` -> ``{name, ok, error}`` (unknown id, unknown option, bad value)."""
+    impl_options}`` -> ``{name, ok, error}`` (unknown id, unknown option, bad value, a module
+    that raises or exits while imported or checked: one line). Writes ``CHECK_MARKER`` +
+    the entry's index on stderr before each entry."""
     from .impls import get
     from .spec import RequestError
     out = []
-    for e in entries:
+    for k, e in enumerate(entries):
         name, impl_id = e.get("name", e.get("impl")), e.get("impl")
+        sys.stderr.write(f"{CHECK_MARKER}{k}\n")
+        sys.stderr.flush()
         try:
             impl = get(impl_id)
         except (KeyError, RequestError) as exc:
             out.append({"name": name, "ok": False, "error": str(exc).strip('"')})
+            continue
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module's own failure
+            out.append({"name": name, "ok": False,
+                        "error": f"loading {impl_id!r} raised {one_line(exc)}"})
             continue
         try:
             impl.check_options(e.get("impl_options") or {})
             out.append({"name": name, "ok": True, "error": None})
         except RequestError as exc:
             out.append({"name": name, "ok": False, "error": str(exc)})
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a user's option check
+            out.append({"name": name, "ok": False,
+                        "error": f"checking the options of {impl_id!r} raised {one_line(exc)}"})
     return out
 
 
-def main(argv=None) -> int:
+def _private_stdout() -> IO[str]:
+    """The original stdout for the results; file descriptor 1 then points at stderr, so
+    output of an implementation's C code (or anything bypassing ``sys.stdout``) cannot
+    corrupt the result stream."""
+    sys.stdout.flush()
+    results = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return results
+
+
+def main(argv=None, *, private_stdout: bool = False) -> int:
+    """The command line; ``private_stdout`` (the ``python -m`` entry point) moves the
+    results off file descriptor 1 (``_private_stdout``)."""
     parser = argparse.ArgumentParser(prog="python -m grpo_jax.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", help="JSONL file of requests ('-' for stdin)")
@@ -262,7 +305,8 @@ def main(argv=None) -> int:
             f"{PROTOCOL_VERSION}, the caller speaks {args.protocol}: reinstall it from this "
             f"suite's checkout: {sys.executable} -m pip install <grpo-conformance>/backends/jax\n")
         return MISMATCH_EXIT
-    real_stdout = sys.stdout
+    real_stdout = _private_stdout() if private_stdout else sys.stdout
+    saved_stdout = sys.stdout
     sys.stdout = sys.stderr  # keep stray prints out of the result stream
     try:
         if args.list_impls:
@@ -275,6 +319,9 @@ def main(argv=None) -> int:
             parser.error("--requests and --cache-dir are required")
         cache_dir = Path(args.cache_dir)
         cache_dir.mkdir(parents=True, exist_ok=True)
+        from . import impls  # noqa: F401 - jax and the package: the start-up, before READY
+        sys.stderr.write(READY_MARKER + "\n")
+        sys.stderr.flush()
         if args.requests == "-":
             run_batch(sys.stdin, cache_dir, real_stdout)
         else:
@@ -286,8 +333,8 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), real_stdout.fileno())
         return 1
     finally:
-        sys.stdout = real_stdout
+        sys.stdout = saved_stdout
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(private_stdout=True))

@@ -11,3 +11,11 @@ PROTOCOL_VERSION = 1
 
 # Exit status of the exporter when the protocol versions differ.
 MISMATCH_EXIT = 4
+
+# Progress lines the exporter writes on stderr (additions within protocol 1: a caller that
+# ignores them loses nothing). The Rust side times each implementation from them, so a
+# hang or a crash is blamed on the module that caused it, not on the exporter's start-up:
+# ``READY_MARKER`` once jax and the package are imported (``--requests``), and
+# ``CHECK_MARKER`` + the entry's index before each entry of ``--check-config``.
+READY_MARKER = "grpo-exporter: ready"
+CHECK_MARKER = "grpo-exporter: checking "

@@ -144,3 +144,64 @@ def test_a_case_of_another_level_is_not_applicable_rather_than_unsupported():
     assert reason == "not applicable: level 'fused'"
     # A limitation of a level it has stays "not supported" (an ignored trial).
     assert impl.support_reason(Problem("logits", 2, 4, 300, None, "f32"), Knobs.from_json(KNOBS), {}).startswith("not supported")
+
+
+@pytest.fixture
+def misbehaving(tmp_path, monkeypatch):
+    """Modules that fail while imported, built or traced."""
+    (tmp_path / "exits_on_import.py").write_text("import sys\nsys.exit('bye from import')\n")
+    (tmp_path / "raises_on_import.py").write_text("def f():\n    raise RuntimeError('boom')\nf()\n")
+    (tmp_path / "bad_trace.py").write_text(textwrap.dedent("""
+        import dataclasses, sys
+        import jax.numpy as jnp
+        from grpo_jax.impls import baseline
+
+        def _wrap(post):
+            def build(problem, knobs, options):
+                fn = baseline.IMPLEMENTATION.build(problem, knobs, options)
+                return lambda *args: post(tuple(fn(*args)))
+            return dataclasses.replace(baseline.IMPLEMENTATION, id="bad", build=build)
+
+        def _raise(outs):
+            raise ValueError("cannot trace")
+
+        def _exit(outs):
+            sys.exit(3)
+
+        RAISES = _wrap(_raise)
+        EXITS = _wrap(_exit)
+        WRONG = _wrap(lambda o: (o[0][None], o[1].astype(jnp.float16)) + o[2:])
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    resolve_external.cache_clear()
+    yield
+    resolve_external.cache_clear()
+    for m in ("exits_on_import", "raises_on_import", "bad_trace"):
+        sys.modules.pop(m, None)
+
+
+def test_a_module_that_raises_or_exits_while_loading_is_one_line(misbehaving, capsys):
+    from grpo_jax.protocol import CHECK_MARKER
+    out = export.check_config([{"name": "a", "impl": "exits_on_import:X"},
+                               {"name": "b", "impl": "raises_on_import:X"}])
+    assert [o["ok"] for o in out] == [False, False]
+    assert "SystemExit: bye from import" in out[0]["error"], out
+    assert "RuntimeError: boom (at " in out[1]["error"], out
+    assert "raises_on_import.py:2 in f" in out[1]["error"], out
+    assert all("\n" not in o["error"] for o in out)
+    err = capsys.readouterr().err
+    assert f"{CHECK_MARKER}0\n" in err and f"{CHECK_MARKER}1\n" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("attr,want", [
+    ("RAISES", "ValueError: cannot trace (at "),
+    ("EXITS", "SystemExit: 3"),
+    ("WRONG", "output `loss` is f32[1], SPEC's is f32[]; output `per_token_logp` is f16[3,8]"),
+])
+def test_a_module_that_fails_while_traced_is_one_line(misbehaving, tmp_path, attr, want):
+    res = export.handle_request({"impl": f"bad_trace:{attr}", "b": 3, "t": 8, "v": 300},
+                                tmp_path / "cache")
+    assert res["status"] == "error", res
+    assert want in res["message"] and "\n" not in res["message"], res["message"]
+    if attr == "RAISES":
+        assert "bad_trace.py:13 in _raise" in res["message"], res["message"]

@@ -235,6 +235,10 @@ impl Backend for PjrtCpu {
         self.exporter.check_config(&self.impls)
     }
 
+    fn broken(&self, implementation: &str) -> Option<String> {
+        super::export::find(&self.impls, implementation).and_then(|i| self.exporter.broken(i))
+    }
+
     fn prepare(&self, work: &[(&str, &Case)]) -> Result<()> {
         self.exporter.prepare_named(&self.impls, work)
     }

@@ -5,11 +5,14 @@ use crate::cases::Case;
 use crate::config::ImplConfig;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
-use std::io::Write;
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// The exporter protocol this suite speaks (`grpo_jax.protocol.PROTOCOL_VERSION`): passed
 /// as `--protocol` to every exporter command and checked by the probe, so a `grpo_jax`
@@ -18,6 +21,158 @@ pub const PROTOCOL: u32 = 1;
 
 /// Exit status of the exporter on a protocol mismatch.
 const MISMATCH_EXIT: i32 = 4;
+
+/// The prefix of the exporter's progress lines on stderr (`grpo_jax.protocol`).
+const MARKER_PREFIX: &str = "grpo-exporter: ";
+/// Progress: the exporter's own imports (Python, jax, `grpo_jax`) are done
+/// (`grpo_jax.protocol.READY_MARKER` without the prefix).
+const READY: &str = "ready";
+/// Progress: the `--check-config` entry whose index follows is being checked
+/// (`grpo_jax.protocol.CHECK_MARKER` without the prefix).
+const CHECKING: &str = "checking ";
+
+/// The time limit of one module (the config's `export_timeout_s`), in seconds.
+static TIMEOUT_S: AtomicU64 = AtomicU64::new(600);
+
+/// Sets the time the exporter may spend on one implementation's module: importing it,
+/// checking its entry, tracing and exporting one case (the config's `export_timeout_s`).
+/// Past it the exporter is killed and that implementation's trials are errors.
+pub fn set_timeout(secs: u64) {
+    TIMEOUT_S.store(secs.max(1), Ordering::Relaxed);
+}
+
+/// The time limit of one module ([`set_timeout`]).
+pub fn timeout() -> Duration {
+    Duration::from_secs(TIMEOUT_S.load(Ordering::Relaxed))
+}
+
+/// The time limit of the exporter's own start-up (Python, jax, `grpo_jax`), before any
+/// implementation's code runs: at least five minutes, a cold jax import on a loaded
+/// machine is slow and is nobody's module.
+fn startup_limit() -> Duration {
+    timeout().max(Duration::from_secs(300))
+}
+
+/// One line of an exporter process: a stdout line, a stderr line, or a progress marker
+/// (a stderr line starting with `grpo-exporter: `, prefix removed).
+enum Said {
+    Out(String),
+    Err(String),
+    Marker(String),
+}
+
+/// How a supervised exporter process ended.
+enum Ended {
+    /// It exited (or was killed by a signal of its own doing).
+    Exited(ExitStatus),
+    /// It passed a time limit and was killed.
+    TimedOut,
+}
+
+/// Runs an exporter command with `input` on its stdin under time limits: `startup` until
+/// `on` first returns true, then `limit` from each line for which `on` returns true (a
+/// result, a progress marker). Past the limit the process is killed. Returns how it ended
+/// and its last stderr lines (markers excluded).
+fn supervised(
+    mut cmd: Command,
+    input: String,
+    startup: Duration,
+    limit: Duration,
+    mut on: impl FnMut(&Said) -> bool,
+) -> std::io::Result<(Ended, Vec<String>)> {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stdin = child.stdin.take();
+    std::thread::spawn(move || {
+        if let Some(mut stdin) = stdin {
+            // A process that exits early closes its end: a write error is no news.
+            stdin.write_all(input.as_bytes()).ok();
+        }
+    });
+    // None: that stream ended.
+    let (tx, rx) = channel::<Option<Said>>();
+    let out = child.stdout.take();
+    let tx_out = tx.clone();
+    std::thread::spawn(move || {
+        if let Some(out) = out {
+            for l in BufReader::new(out).lines().map_while(|l| l.ok()) {
+                if tx_out.send(Some(Said::Out(l))).is_err() {
+                    return;
+                }
+            }
+        }
+        tx_out.send(None).ok();
+    });
+    let err = child.stderr.take();
+    std::thread::spawn(move || {
+        if let Some(err) = err {
+            for l in BufReader::new(err).lines().map_while(|l| l.ok()) {
+                let said = match l.strip_prefix(MARKER_PREFIX) {
+                    Some(m) => Said::Marker(m.to_string()),
+                    None => Said::Err(l),
+                };
+                if tx.send(Some(said)).is_err() {
+                    return;
+                }
+            }
+        }
+        tx.send(None).ok();
+    });
+    let mut tail: VecDeque<String> = VecDeque::new();
+    let mut deadline = Instant::now() + startup;
+    let mut open_streams = 2;
+    let killed = loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break true;
+        }
+        if open_streams == 0 {
+            // Both streams closed: the process is exiting (or holds on without output).
+            match child.try_wait()? {
+                Some(_) => break false,
+                None => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            }
+        }
+        match rx.recv_timeout(deadline - now) {
+            Ok(Some(said)) => {
+                if on(&said) {
+                    deadline = Instant::now() + limit;
+                }
+                if let Said::Err(l) = said {
+                    if !l.trim().is_empty() {
+                        tail.push_back(l);
+                        if tail.len() > 20 {
+                            tail.pop_front();
+                        }
+                    }
+                }
+            }
+            Ok(None) => open_streams -= 1,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => open_streams = 0,
+        }
+    };
+    let tail = tail.into_iter().collect();
+    if killed {
+        child.kill().ok();
+        child.wait()?;
+        return Ok((Ended::TimedOut, tail));
+    }
+    Ok((Ended::Exited(child.wait()?), tail))
+}
+
+/// The last stderr line worth quoting: the exception line of a traceback if there is one
+/// (never the traceback), else the last non-empty line.
+fn last_message(tail: &[String]) -> Option<String> {
+    let last = tail.iter().rev().find(|l| !l.trim().is_empty())?;
+    Some(last.trim().chars().take(500).collect())
+}
 
 /// Where an exporter runs: the interpreter and the directories put first on its
 /// `PYTHONPATH` (an implementation entry's `python` / `pythonpath`, or the defaults).
@@ -79,6 +234,21 @@ fn parse_check_answer(text: &str) -> Result<Vec<CheckAnswer>> {
     serde_json::from_str(text.trim()).context("unreadable --check-config answer")
 }
 
+/// The bad entries of a `--check-config` answer, one message each.
+fn bad_entries(answers: Vec<CheckAnswer>) -> Vec<String> {
+    answers
+        .into_iter()
+        .filter(|a| !a.ok)
+        .map(|a| {
+            format!(
+                "implementation `{}`: {}",
+                a.name,
+                a.error.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
 /// Writes `text` to `path` through a temporary sibling and a rename, so that a process
 /// reading `path` at the same time (parallel runs sharing the artifact cache) sees the
 /// whole file or none. Best effort: a cache that cannot be written is only a cache.
@@ -87,13 +257,17 @@ pub fn write_atomically(path: &Path, text: &str) {
 }
 
 /// The one-line error of a failed exporter process: the protocol mismatch line as is.
-fn exporter_failure(env: &PyEnv, status: std::process::ExitStatus, stderr: &[u8]) -> anyhow::Error {
-    let err = String::from_utf8_lossy(stderr);
-    let last = err
+fn exporter_failure(env: &PyEnv, status: ExitStatus, stderr: &[u8]) -> anyhow::Error {
+    let lines: Vec<String> = String::from_utf8_lossy(stderr)
         .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("(no message)");
+        .map(str::to_string)
+        .collect();
+    exporter_failure_of(env, status, &lines)
+}
+
+/// [`exporter_failure`] from the process's last stderr lines.
+fn exporter_failure_of(env: &PyEnv, status: ExitStatus, tail: &[String]) -> anyhow::Error {
+    let last = last_message(tail).unwrap_or_else(|| "(no message)".into());
     if status.code() == Some(MISMATCH_EXIT) {
         anyhow!("{last}")
     } else {
@@ -221,7 +395,7 @@ pub enum Exported {
     },
     /// The implementation does not support the case (the reason).
     Unsupported(String),
-    /// Export failed (one line, then the detail).
+    /// Export failed (one line: what, and where in the implementation's code).
     Failed(String),
 }
 
@@ -260,17 +434,20 @@ struct Response {
     detail: Option<String>,
 }
 
-/// Exports every (implementation, options, case) for `platform` with one Python process.
+/// Exports every (implementation, options, case) for `platform` with one Python process,
+/// each module under the time limit ([`timeout`], from the exporter's ready line or its
+/// previous answer). A module that hangs or kills the exporter fails with one line (and so
+/// does every other case of its implementation, which would only hang or die again); a new
+/// process exports the rest. Failure details (tracebacks) go to files under
+/// `<cache_dir>/export-errors/`, named in the line. `Err` only when the exporter cannot
+/// start or fails before any implementation's code ran.
 pub fn export_batch(
     env: &PyEnv,
     cache_dir: &Path,
     platform: &str,
     work: &[(&str, &serde_json::Map<String, serde_json::Value>, &Case)],
 ) -> Result<Vec<Exported>> {
-    if work.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut lines = String::new();
+    let mut lines = Vec::with_capacity(work.len());
     for (imp, opts, c) in work {
         let req = Request {
             implementation: imp,
@@ -286,12 +463,15 @@ pub fn export_batch(
             devices: (c.devices > 1).then_some(c.devices),
             sharding: c.sharding.filter(|_| c.devices > 1),
         };
-        lines.push_str(&serde_json::to_string(&req)?);
-        lines.push('\n');
+        lines.push(serde_json::to_string(&req)?);
     }
-    let mut child = env
-        .command()
-        .args([
+    let limit = timeout();
+    let mut results: Vec<Option<Exported>> = vec![None; work.len()];
+    let mut pending: Vec<usize> = (0..work.len()).collect();
+    while !pending.is_empty() {
+        let input: String = pending.iter().map(|&k| format!("{}\n", lines[k])).collect();
+        let mut cmd = env.command();
+        cmd.args([
             "-m",
             "grpo_jax.export",
             "--protocol",
@@ -300,61 +480,115 @@ pub fn export_batch(
             "-",
             "--cache-dir",
         ])
-        .arg(cache_dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+        .arg(cache_dir);
+        let mut answers: Vec<String> = Vec::new();
+        let mut ready = false;
+        let (ended, tail) = supervised(cmd, input, startup_limit(), limit, |said| match said {
+            Said::Out(l) if !l.trim().is_empty() => {
+                answers.push(l.clone());
+                true
+            }
+            Said::Marker(m) if m == READY => {
+                ready = true;
+                true
+            }
+            _ => false,
+        })
         .with_context(|| {
             format!(
                 "cannot start the exporter {} (run scripts/setup.sh)",
                 env.describe()
             )
         })?;
-    let mut stdin = child.stdin.take().context("exporter stdin")?;
-    let writer = std::thread::spawn(move || stdin.write_all(lines.as_bytes()));
-    let out = child
-        .wait_with_output()
-        .context("waiting for the exporter")?;
-    writer.join().ok();
-    if !out.status.success() {
-        return Err(exporter_failure(env, out.status, &out.stderr));
+        if answers.len() > pending.len() {
+            bail!(
+                "the exporter {} answered {} lines to {} requests",
+                env.describe(),
+                answers.len(),
+                pending.len()
+            );
+        }
+        for (j, l) in answers.iter().enumerate() {
+            let k = pending[j];
+            results[k] = Some(parse_response(l, cache_dir, work[k].0, &work[k].2.id)?);
+        }
+        let answered = answers.len();
+        if answered == pending.len() {
+            break;
+        }
+        if answered == 0 && !ready {
+            // Nothing of an implementation ran yet: the exporter itself does not work.
+            return Err(match ended {
+                Ended::Exited(status) => exporter_failure_of(env, status, &tail),
+                Ended::TimedOut => anyhow!(
+                    "the exporter {} did not start within {} s; it was killed",
+                    env.describe(),
+                    startup_limit().as_secs()
+                ),
+            });
+        }
+        let culprit = pending[answered];
+        let (imp, case_id) = (work[culprit].0, &work[culprit].2.id);
+        let why = match ended {
+            Ended::TimedOut => format!(
+                "the export of case {case_id} did not finish within {} s (export_timeout_s); the exporter was killed",
+                limit.as_secs()
+            ),
+            Ended::Exited(status) => format!(
+                "the exporter process exited ({}) while exporting case {case_id}: {}",
+                status,
+                last_message(&tail).unwrap_or_else(|| "no message (os._exit or a crash in the module)".into())
+            ),
+        };
+        results[culprit] = Some(Exported::Failed(why.clone()));
+        for &k in &pending[answered + 1..] {
+            if work[k].0 == imp {
+                results[k] = Some(Exported::Failed(format!(
+                    "not exported: {why} (its other cases are not tried)"
+                )));
+            }
+        }
+        pending.retain(|&k| results[k].is_none());
     }
-    let text = String::from_utf8(out.stdout).context("exporter output is not UTF-8")?;
-    let results: Vec<Exported> = text
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let r: Response = serde_json::from_str(l)
-                .with_context(|| format!("unreadable exporter line: {l}"))?;
-            Ok(match r.status.as_str() {
-                "ok" => {
-                    let dir = r.dir.context("exporter result without dir")?;
-                    Exported::Ready {
-                        manifest: r.manifest.context("exporter result without manifest")?,
-                        module: dir.join("module.mlirbc"),
-                    }
-                }
-                "unsupported" => {
-                    Exported::Unsupported(r.reason.unwrap_or_else(|| "unsupported".into()))
-                }
-                _ => Exported::Failed(format!(
-                    "export failed: {}{}",
-                    r.message.unwrap_or_default(),
-                    r.detail.map(|d| format!("\n{d}")).unwrap_or_default()
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every request answered"))
+        .collect())
+}
+
+/// One exporter result line. An error's detail (the traceback) is written to a file under
+/// `<cache_dir>/export-errors/` and only named in the one-line message.
+fn parse_response(line: &str, cache_dir: &Path, imp: &str, case_id: &str) -> Result<Exported> {
+    let r: Response =
+        serde_json::from_str(line).with_context(|| format!("unreadable exporter line: {line}"))?;
+    Ok(match r.status.as_str() {
+        "ok" => {
+            let dir = r.dir.context("exporter result without dir")?;
+            Exported::Ready {
+                manifest: r.manifest.context("exporter result without manifest")?,
+                module: dir.join("module.mlirbc"),
+            }
+        }
+        "unsupported" => Exported::Unsupported(r.reason.unwrap_or_else(|| "unsupported".into())),
+        _ => {
+            let message = r.message.unwrap_or_default().replace('\n', " ");
+            let detail = r.detail.filter(|d| !d.trim().is_empty()).and_then(|d| {
+                let key = xxhash_rust::xxh3::xxh3_64(format!("{imp}\n{case_id}\n{d}").as_bytes());
+                let path = cache_dir
+                    .join("export-errors")
+                    .join(format!("{key:016x}.txt"));
+                write_atomically(&path, &format!("{imp} on {case_id}\n{d}"));
+                path.exists().then_some(path)
+            });
+            match detail {
+                Some(p) => Exported::Failed(format!(
+                    "export failed: {message} (traceback: {})",
+                    p.display()
                 )),
-            })
-        })
-        .collect::<Result<_>>()?;
-    if results.len() != work.len() {
-        bail!(
-            "exporter answered {} of {} requests; stderr: {}",
-            results.len(),
-            work.len(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(results)
+                None => Exported::Failed(format!("export failed: {message}")),
+            }
+        }
+    })
 }
 
 /// Checks once per environment that the interpreter runs, finds the `grpo_jax` package
@@ -419,6 +653,25 @@ pub struct Exporter {
     cache_dir: PathBuf,
     platform: String,
     done: Mutex<HashMap<(String, String), Exported>>,
+    /// Implementations (by name) whose module hung in the configuration check: why. Never
+    /// exported (they would only hang again); their trials are errors.
+    broken: Mutex<HashMap<String, String>>,
+}
+
+/// How messages name a configured implementation: its entry name and, for a module outside
+/// the package, its `module:attribute`.
+fn describe_entry(imp: &ImplConfig) -> String {
+    if imp.is_external() {
+        format!(
+            "implementation `{}` (external implementation '{}')",
+            imp.display_name(),
+            imp.id
+        )
+    } else if imp.display_name() != imp.id {
+        format!("implementation `{}` ({})", imp.display_name(), imp.id)
+    } else {
+        format!("implementation `{}`", imp.id)
+    }
 }
 
 impl Exporter {
@@ -446,6 +699,7 @@ impl Exporter {
             cache_dir,
             platform: platform.into(),
             done: Mutex::new(HashMap::new()),
+            broken: Mutex::new(HashMap::new()),
         })
     }
 
@@ -481,6 +735,13 @@ impl Exporter {
         // One exporter process per environment.
         let mut groups: Vec<(PyEnv, Vec<(&ImplConfig, &Case)>)> = Vec::new();
         for (i, c) in todo {
+            if let Some(why) = self.broken(i) {
+                self.done.lock().unwrap().insert(
+                    (i.display_name().to_string(), c.id.clone()),
+                    Exported::Failed(why),
+                );
+                continue;
+            }
             let env = self.env_of(i);
             match groups.iter_mut().find(|(e, _)| *e == env) {
                 Some((_, w)) => w.push((i, c)),
@@ -496,6 +757,10 @@ impl Exporter {
             let results = export_batch(&env, &self.cache_dir, &self.platform, &requests)?;
             let mut done = self.done.lock().unwrap();
             for ((i, c), r) in work.iter().zip(results) {
+                let r = match r {
+                    Exported::Failed(m) => Exported::Failed(format!("{}: {m}", describe_entry(i))),
+                    r => r,
+                };
                 done.insert((i.display_name().to_string(), c.id.clone()), r);
             }
         }
@@ -522,6 +787,16 @@ impl Exporter {
             return Err(exporter_failure(env, out.status, &out.stderr));
         }
         serde_json::from_slice(&out.stdout).context("unreadable --list-impls answer")
+    }
+
+    /// Why `imp`'s trials are errors without any export (its module hung in the
+    /// configuration check, [`Exporter::check_config`]), if they are.
+    pub fn broken(&self, imp: &ImplConfig) -> Option<String> {
+        self.broken
+            .lock()
+            .unwrap()
+            .get(imp.display_name())
+            .map(|why| format!("{}: {why}", describe_entry(imp)))
     }
 
     /// The exporter's answer for one (implementation, case), exporting it if needed.
@@ -605,52 +880,102 @@ impl Exporter {
             .as_ref()
             .and_then(|p| std::fs::read_to_string(p).ok())
             .and_then(|t| parse_check_answer(&t).ok());
-        let answers = match from_cache {
-            Some(a) => a,
-            None => {
-                let mut child = env
-                    .command()
-                    .args([
-                        "-m",
-                        "grpo_jax.export",
-                        "--protocol",
-                        &PROTOCOL.to_string(),
-                        "--check-config",
-                    ])
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .with_context(|| format!("cannot start the exporter {}", env.describe()))?;
-                child
-                    .stdin
-                    .take()
-                    .context("exporter stdin")?
-                    .write_all(body.as_bytes())?;
-                let out = child.wait_with_output()?;
-                if !out.status.success() {
-                    return Err(exporter_failure(env, out.status, &out.stderr)
-                        .context("the exporter could not check the configuration"));
+        if let Some(answers) = from_cache {
+            return Ok(bad_entries(answers));
+        }
+        // One process for the entries; one that exits or hangs while its entry is checked
+        // (the exporter says which on stderr) is set aside and the rest asked again.
+        let limit = timeout();
+        let mut bad = Vec::new();
+        let mut pending: Vec<usize> = (0..impls.len()).collect();
+        let mut whole = true;
+        while !pending.is_empty() {
+            let part: Vec<&serde_json::Value> = pending.iter().map(|&k| &entries[k]).collect();
+            let mut cmd = env.command();
+            cmd.args([
+                "-m",
+                "grpo_jax.export",
+                "--protocol",
+                &PROTOCOL.to_string(),
+                "--check-config",
+            ]);
+            let mut stdout = String::new();
+            let mut current: Option<usize> = None;
+            let (ended, tail) = supervised(
+                cmd,
+                serde_json::to_string(&part)?,
+                startup_limit(),
+                limit,
+                |said| match said {
+                    Said::Out(l) => {
+                        stdout.push_str(l);
+                        stdout.push('\n');
+                        false
+                    }
+                    Said::Marker(m) => match m
+                        .strip_prefix(CHECKING)
+                        .and_then(|k| k.trim().parse::<usize>().ok())
+                    {
+                        Some(k) => {
+                            current = Some(k);
+                            true
+                        }
+                        None => false,
+                    },
+                    Said::Err(_) => false,
+                },
+            )
+            .with_context(|| format!("cannot start the exporter {}", env.describe()))?;
+            let culprit = current.and_then(|j| pending.get(j).copied());
+            match (ended, culprit) {
+                (Ended::Exited(status), _) if status.success() => {
+                    let answers = parse_check_answer(&stdout)?;
+                    if answers.len() != pending.len() {
+                        bail!(
+                            "the exporter {} answered {} of {} --check-config entries",
+                            env.describe(),
+                            answers.len(),
+                            pending.len()
+                        );
+                    }
+                    if let Some(p) = cached.as_ref().filter(|_| whole) {
+                        write_atomically(p, &stdout);
+                    }
+                    bad.extend(bad_entries(answers));
+                    break;
                 }
-                let t = String::from_utf8(out.stdout).context("exporter output is not UTF-8")?;
-                let answers = parse_check_answer(&t)?;
-                if let Some(p) = &cached {
-                    write_atomically(p, &t);
+                (Ended::Exited(status), Some(k)) if status.code() != Some(MISMATCH_EXIT) => {
+                    bad.push(format!(
+                        "implementation `{}`: '{}': the exporter exited ({status}) while loading and checking it: {}",
+                        impls[k].display_name(),
+                        impls[k].id,
+                        last_message(&tail).unwrap_or_else(|| "no message (os._exit or a crash in the module)".into())
+                    ));
+                    pending.retain(|&j| j != k);
                 }
-                answers
+                (Ended::Exited(status), _) => {
+                    return Err(exporter_failure_of(env, status, &tail)
+                        .context("the exporter could not check the configuration"))
+                }
+                (Ended::TimedOut, Some(k)) => {
+                    self.broken.lock().unwrap().insert(
+                        impls[k].display_name().to_string(),
+                        format!(
+                            "loading and checking its module did not finish within {} s (export_timeout_s); the exporter was killed",
+                            limit.as_secs()
+                        ),
+                    );
+                    pending.retain(|&j| j != k);
+                }
+                (Ended::TimedOut, None) => bail!(
+                    "the exporter {} did not start within {} s; it was killed",
+                    env.describe(),
+                    startup_limit().as_secs()
+                ),
             }
-        };
-        Ok(answers
-            .into_iter()
-            .filter(|a| !a.ok)
-            .map(|a| {
-                format!(
-                    "implementation `{}`: {}",
-                    a.name,
-                    a.error.unwrap_or_default()
-                )
-            })
-            .collect())
+            whole = false;
+        }
+        Ok(bad)
     }
 
     /// The exporter's support answer: `Err(reason)` when the implementation declares the

@@ -333,7 +333,7 @@ impl TpuAot {
                 Exported::Unsupported(r) => {
                     return Err(format!("{BASELINE} does not support the case: {r}"))
                 }
-                Exported::Failed(e) => return Err(format!("{BASELINE} export failed: {e}")),
+                Exported::Failed(e) => return Err(format!("the speed reference {BASELINE}: {e}")),
             };
             let cached = module.with_file_name(format!(
                 "derived-{}-libtpu{}-v{COST_MODEL_VERSION}.json",
@@ -426,6 +426,10 @@ impl Backend for TpuAot {
 
     fn validate(&self) -> Result<()> {
         self.exporter.check_config(&self.impls)
+    }
+
+    fn broken(&self, implementation: &str) -> Option<String> {
+        super::export::find(&self.impls, implementation).and_then(|i| self.exporter.broken(i))
     }
 
     fn prepare(&self, work: &[(&str, &Case)]) -> Result<()> {

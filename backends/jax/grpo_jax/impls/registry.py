@@ -49,9 +49,10 @@ def resolve_external(spec: str) -> Implementation:
             f"external implementation {spec!r}: cannot import module {module_name!r} "
             f"({type(exc).__name__}: {exc}) with {sys.executable}; check the entry's "
             f"`pythonpath` and `python` in the config") from None
-    except Exception as exc:  # noqa: BLE001 - the user's module failed at import time
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the module failed at import
+        from ..errors import one_line
         raise RequestError(f"external implementation {spec!r}: importing {module_name!r} "
-                           f"raised {type(exc).__name__}: {exc}") from None
+                           f"raised {one_line(exc)}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise RequestError(f"external implementation {spec!r}: module {module_name!r} "
