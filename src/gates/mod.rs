@@ -529,6 +529,9 @@ fn judge_dlogits(
 }
 
 #[cfg(test)]
+mod element_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
