@@ -644,7 +644,7 @@ fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let rec = std::fs::read_to_string(&rec).unwrap();
     assert!(
-        rec.contains("of host memory for its inputs and the oracle, this machine has"),
+        rec.contains("of host memory for its inputs, outputs and the oracle") && rec.contains("MemAvailable"),
         "{rec}"
     );
     let id = String::from_utf8(
@@ -683,6 +683,98 @@ fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
         e.contains("overflows 64-bit byte counts") && !e.contains("panicked"),
         "{e}"
     );
+}
+
+/// A run of `grpo-suite` with an address-space limit (`ulimit -v`, `prlimit --as`).
+fn grpo_suite_with_rlimit_as(bytes: u64) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = grpo_suite();
+    // SAFETY: only setrlimit (async-signal-safe) between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            let l = libc::rlimit {
+                rlim_cur: bytes as libc::rlim_t,
+                rlim_max: bytes as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    c
+}
+
+#[test]
+fn host_memory_refusal_respects_rlimit_as_and_golden_reports_it() {
+    // V = 2³¹−1, one token: 8 GiB of f32 logits, as much again of dlogits, and the
+    // oracle's f64 rows of V on top. Under a 4 GiB address-space limit this is refused
+    // before anything is allocated, in one line naming the bytes and the limit (it used
+    // to abort the worker: "memory allocation of … bytes failed", SIGABRT).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("big.yaml"),
+        "groups:\n  - name: big\n    suites: [smoke]\n    fixed: {b: 1, t: 1, v: 2147483647}\n",
+    )
+    .unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let cfg = other.path().join("c.yaml");
+    std::fs::write(&cfg, "backends:\n  reference: {implementations: [oracle]}\n").unwrap();
+    let rec = other.path().join("r.jsonl");
+    let cases = dir.path().to_str().unwrap();
+    let o = grpo_suite_with_rlimit_as(4 << 30)
+        .args(["--cases", cases, "run", "--suite", "smoke", "--config"])
+        .arg(&cfg)
+        .arg("--records")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        !e.contains("SIGABRT") && !e.contains("memory allocation of"),
+        "{e}"
+    );
+    let rec = std::fs::read_to_string(&rec).unwrap();
+    let reasons: Vec<String> = rec
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|r| r["reason"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(reasons.len(), 2, "{rec}");
+    for r in &reasons {
+        assert_eq!(r.lines().count(), 1, "{r}");
+        assert!(
+            r.contains("host memory") && r.contains(" bytes") && r.contains("RLIMIT_AS"),
+            "{r}"
+        );
+    }
+    // `golden update` and `golden check` on a case refused by the memory check say so
+    // (one line naming the case and the reason) and exit 2; update used to say
+    // "0 unchanged, 0 changed, 0 new" and exit 0, check "cases differ; re-bless".
+    let id = String::from_utf8(suite(&["--cases", cases, "cases", "--suite", "smoke"]).stdout)
+        .unwrap();
+    let gold = other.path().join("golden");
+    std::fs::create_dir_all(&gold).unwrap();
+    let gold = gold.to_str().unwrap();
+    for action in ["update", "check"] {
+        let o = grpo_suite_with_rlimit_as(4 << 30)
+            .args(["--cases", cases, "golden", action, "--suite", "smoke", "--dir", gold])
+            .output()
+            .unwrap();
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "golden {action}: {e}");
+        let refused: Vec<&str> = e.lines().filter(|l| l.contains("refused")).collect();
+        assert!(
+            refused.iter().any(|l| l.contains(id.trim()) && l.contains("RLIMIT_AS")),
+            "golden {action}: {e}"
+        );
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            !e.contains("re-bless") && (action == "check" || out.contains("1 refused")),
+            "golden {action}: {out}{e}"
+        );
+    }
 }
 
 #[test]
