@@ -94,6 +94,7 @@ fn rlimits() -> Vec<Headroom> {
         if unsafe { libc::getrlimit(res, &mut l) } != 0 || l.rlim_cur == libc::RLIM_INFINITY {
             return None;
         }
+        #[allow(clippy::unnecessary_cast)] // rlim_t is not u64 on every target
         let limit = l.rlim_cur as u64;
         let used = kib_field(&status, used_key).unwrap_or(0);
         Some(Headroom {
@@ -259,21 +260,40 @@ mod tests {
         let read = fs(&[
             ("/sys/fs/cgroup/a/b/memory.max", "max\n"),
             ("/sys/fs/cgroup/a/memory.max", &format!("{}\n", 4 * g)),
-            ("/sys/fs/cgroup/a/memory.current", &format!("{}\n", 3 * g / 2)),
-            ("/sys/fs/cgroup/a/memory.stat", &format!("anon 1\ninactive_file {}\n", g / 2)),
+            (
+                "/sys/fs/cgroup/a/memory.current",
+                &format!("{}\n", 3 * g / 2),
+            ),
+            (
+                "/sys/fs/cgroup/a/memory.stat",
+                &format!("anon 1\ninactive_file {}\n", g / 2),
+            ),
         ]);
         let h = cgroup("0::/a/b\n", mi, &read);
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h[0].free, 3 * g);
-        assert!(h[0].source.contains("/sys/fs/cgroup/a/memory.max") && h[0].source.contains("4.0 GiB"), "{}", h[0].source);
+        assert!(
+            h[0].source.contains("/sys/fs/cgroup/a/memory.max") && h[0].source.contains("4.0 GiB"),
+            "{}",
+            h[0].source
+        );
         // v1 (the memory controller mounted at a root inside the hierarchy): the huge
         // "unlimited" value is no limit.
         let mi = "35 31 0:32 /outer /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
                   36 31 0:33 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
         let read = fs(&[
-            ("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", &format!("{}\n", 2 * g)),
-            ("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", &format!("{g}\n")),
-            ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n"),
+            (
+                "/sys/fs/cgroup/memory/job/memory.limit_in_bytes",
+                &format!("{}\n", 2 * g),
+            ),
+            (
+                "/sys/fs/cgroup/memory/job/memory.usage_in_bytes",
+                &format!("{g}\n"),
+            ),
+            (
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
         ]);
         let h = cgroup("4:memory:/outer/job\n3:cpu:/outer/job\n", mi, &read);
         assert_eq!(h, vec![Headroom { free: g, source: format!("the cgroup memory limit of 2.0 GiB (/sys/fs/cgroup/memory/job/memory.limit_in_bytes; 1.0 GiB of it in use)") }]);
@@ -284,12 +304,21 @@ mod tests {
     #[test]
     fn the_tightest_bound_is_named_with_bytes() {
         let t = tightest(vec![
-            Headroom { free: 10, source: "a".into() },
-            Headroom { free: 3, source: "b".into() },
+            Headroom {
+                free: 10,
+                source: "a".into(),
+            },
+            Headroom {
+                free: 3,
+                source: "b".into(),
+            },
         ])
         .unwrap();
         assert_eq!(t.source, "b");
         let m = refusal(5 << 30, &t);
-        assert!(m.contains("5368709120 bytes") && m.contains("3 bytes") && m.ends_with("under b"), "{m}");
+        assert!(
+            m.contains("5368709120 bytes") && m.contains("3 bytes") && m.ends_with("under b"),
+            "{m}"
+        );
     }
 }

@@ -644,7 +644,8 @@ fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let rec = std::fs::read_to_string(&rec).unwrap();
     assert!(
-        rec.contains("of host memory for its inputs, outputs and the oracle") && rec.contains("MemAvailable"),
+        rec.contains("of host memory for its inputs, outputs and the oracle")
+            && rec.contains("MemAvailable"),
         "{rec}"
     );
     let id = String::from_utf8(
@@ -719,7 +720,11 @@ fn host_memory_refusal_respects_rlimit_as_and_golden_reports_it() {
     .unwrap();
     let other = tempfile::tempdir().unwrap();
     let cfg = other.path().join("c.yaml");
-    std::fs::write(&cfg, "backends:\n  reference: {implementations: [oracle]}\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "backends:\n  reference: {implementations: [oracle]}\n",
+    )
+    .unwrap();
     let rec = other.path().join("r.jsonl");
     let cases = dir.path().to_str().unwrap();
     let o = grpo_suite_with_rlimit_as(4 << 30)
@@ -752,21 +757,25 @@ fn host_memory_refusal_respects_rlimit_as_and_golden_reports_it() {
     // `golden update` and `golden check` on a case refused by the memory check say so
     // (one line naming the case and the reason) and exit 2; update used to say
     // "0 unchanged, 0 changed, 0 new" and exit 0, check "cases differ; re-bless".
-    let id = String::from_utf8(suite(&["--cases", cases, "cases", "--suite", "smoke"]).stdout)
-        .unwrap();
+    let id =
+        String::from_utf8(suite(&["--cases", cases, "cases", "--suite", "smoke"]).stdout).unwrap();
     let gold = other.path().join("golden");
     std::fs::create_dir_all(&gold).unwrap();
     let gold = gold.to_str().unwrap();
     for action in ["update", "check"] {
         let o = grpo_suite_with_rlimit_as(4 << 30)
-            .args(["--cases", cases, "golden", action, "--suite", "smoke", "--dir", gold])
+            .args([
+                "--cases", cases, "golden", action, "--suite", "smoke", "--dir", gold,
+            ])
             .output()
             .unwrap();
         let e = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "golden {action}: {e}");
         let refused: Vec<&str> = e.lines().filter(|l| l.contains("refused")).collect();
         assert!(
-            refused.iter().any(|l| l.contains(id.trim()) && l.contains("RLIMIT_AS")),
+            refused
+                .iter()
+                .any(|l| l.contains(id.trim()) && l.contains("RLIMIT_AS")),
             "golden {action}: {e}"
         );
         let out = String::from_utf8_lossy(&o.stdout);

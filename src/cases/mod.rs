@@ -262,6 +262,10 @@ mod tests {
         let v = i32::MAX as u64;
         let c = parse_fixed("b: 1, t: 1, v: 2147483647").unwrap();
         let need = c.host_bytes_needed().unwrap();
-        assert!(need >= 24 * v, "counts {need} bytes, less than 24·V = {}", 24 * v);
+        assert!(
+            need >= 24 * v,
+            "counts {need} bytes, less than 24·V = {}",
+            24 * v
+        );
     }
 }

@@ -166,7 +166,11 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
         );
         if dry_run {
             println!("dry run: nothing written");
-            return if refused.is_empty() { Ok(()) } else { Err(refused_err()) };
+            return if refused.is_empty() {
+                Ok(())
+            } else {
+                Err(refused_err())
+            };
         }
         if !unversioned.is_empty() && !force {
             bail!(
@@ -192,7 +196,11 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
                 );
             }
         }
-        return if refused.is_empty() { Ok(()) } else { Err(refused_err()) };
+        return if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(refused_err())
+        };
     }
     if problems.is_empty() && refused.is_empty() {
         eprintln!("golden check: {} cases match", cases.len());
