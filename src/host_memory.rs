@@ -296,7 +296,7 @@ mod tests {
             ),
         ]);
         let h = cgroup("4:memory:/outer/job\n3:cpu:/outer/job\n", mi, &read);
-        assert_eq!(h, vec![Headroom { free: g, source: format!("the cgroup memory limit of 2.0 GiB (/sys/fs/cgroup/memory/job/memory.limit_in_bytes; 1.0 GiB of it in use)") }]);
+        assert_eq!(h, vec![Headroom { free: g, source: "the cgroup memory limit of 2.0 GiB (/sys/fs/cgroup/memory/job/memory.limit_in_bytes; 1.0 GiB of it in use)".into() }]);
         // Neither: no bound.
         assert!(cgroup("0::/\n", mi, &fs(&[])).is_empty());
     }
