@@ -313,6 +313,9 @@ impl Config {
     pub fn parse(text: &str, origin: &str) -> Result<Config> {
         let mut c: Config = serde_yaml_ng::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
         c.origin = origin.to_string();
+        if c.trial_timeout_s == 0 {
+            bail!("{origin}: trial_timeout_s must be a whole number of seconds ≥ 1 (got 0)");
+        }
         c.backends.validate(origin)?;
         for (k, e) in c.expected_failures.iter().enumerate() {
             if e.reason.trim().is_empty() {

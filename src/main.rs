@@ -14,7 +14,7 @@ fn main() {
     // TPU VM; set before any thread exists.
     #[cfg(feature = "pjrt")]
     grpo_conformance::backends::pjrt::tpu_aot::prepare_environment();
-    let args = cli::Cli::parse();
+    let args = cli::Cli::try_parse().unwrap_or_else(|e| cli::exit_on_parse_error(e));
     if let Err(e) = grpo_conformance::env::check_all() {
         eprintln!("error: {e:#}");
         std::process::exit(2);

@@ -787,6 +787,74 @@ fn host_memory_refusal_respects_rlimit_as_and_golden_reports_it() {
 }
 
 #[test]
+fn numeric_options_say_their_range_in_one_line() {
+    // Every numeric option of every subcommand: a value outside its range (zero or a
+    // negative number) is one line naming the option and the range, exit 2. Negative
+    // numbers reach the option's parser (they used to be "unexpected argument '-1'"), and
+    // `--trial-timeout 0` is refused (it used to be taken as 1 s).
+    let cases: &[(&[&str], &str, &str)] = &[
+        (
+            &["run", "--list", "--trial-timeout", "0"],
+            "--trial-timeout",
+            "≥ 1",
+        ),
+        (
+            &["run", "--list", "--trial-timeout", "-5"],
+            "--trial-timeout",
+            "≥ 1",
+        ),
+        (&["run", "--list", "--repeats", "-1"], "--repeats", "≥ 0"),
+        (&["run", "--list", "--warmup", "-2"], "--warmup", "≥ 0"),
+        (
+            &["sweep", "--impl", "x", "--max-peak-over-floor", "-1"],
+            "--max-peak-over-floor",
+            "≥ 1",
+        ),
+        (
+            &["sweep", "--impl", "x", "--max-peak-over-floor", "0.5"],
+            "--max-peak-over-floor",
+            "≥ 1",
+        ),
+        (
+            &[
+                "sweep",
+                "--impl",
+                "x",
+                "--max-roofline-over-baseline",
+                "-0.5",
+            ],
+            "--max-roofline-over-baseline",
+            "> 0",
+        ),
+    ];
+    for (args, option, range) in cases {
+        let o = suite(args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert_eq!(e.trim().lines().count(), 1, "{args:?}: {e}");
+        assert!(
+            e.contains(option) && e.contains(range) && !e.contains("unexpected argument"),
+            "{args:?}: {e}"
+        );
+    }
+    // The configuration's trial_timeout_s is held to the same range.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "trial_timeout_s: 0\nbackends:\n  reference: {implementations: [oracle]}\n",
+    )
+    .unwrap();
+    let o = suite(&["run", "--list", "--config", cfg.to_str().unwrap()]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("trial_timeout_s") && e.contains("≥ 1") && e.trim().lines().count() == 1,
+        "{e}"
+    );
+}
+
+#[test]
 fn the_repository_is_found_from_the_working_directory() {
     // An installed binary run inside a checkout uses that checkout's cases/ and configs/.
     let dir = tempfile::tempdir().unwrap();
