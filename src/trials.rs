@@ -198,7 +198,8 @@ impl Plan {
         for r in required {
             if !config.backends.names().contains(r) {
                 bail!(
-                    "required backend `{r}` is not in the configuration {} (it has: {})",
+                    "required backend `{}` is not in the configuration {} (it has: {})",
+                    crate::env::shown(r),
                     config.origin,
                     config.backends.names().join(", ")
                 );

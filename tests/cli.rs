@@ -898,6 +898,58 @@ fn environment_paths_that_are_not_files_are_one_line() {
 }
 
 #[test]
+fn a_long_environment_value_is_echoed_once_shortened() {
+    // A 100 000-character value used to be echoed in full, twice (GRPO_SUITE: the value,
+    // then the parser's message with the value again): one line, the start of the value
+    // and its length.
+    let long = format!("/nonexistent/{}", "x".repeat(100_000 - 13));
+    for var in [
+        "GRPO_SUITE",
+        "GRPO_TOL_SCALE",
+        "GRPO_BLESS",
+        "GRPO_ALLOW_LOOSE_TOLERANCES",
+        "GRPO_PJRT_PLUGIN",
+        "GRPO_LIBTPU",
+        "GRPO_ROOT",
+    ] {
+        let o = grpo_suite()
+            .env(var, &long)
+            .args(["cases", "--suite", "smoke"])
+            .output()
+            .unwrap();
+        let e = stderr(&o);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{var}: {}",
+            &e[..e.len().min(300)]
+        );
+        assert!(
+            e.trim().lines().count() == 1
+                && e.len() < 400
+                && e.contains(var)
+                && e.contains("/nonexistent/xxx")
+                && e.contains("(100000 chars)"),
+            "{var}: {} chars: {}",
+            e.len(),
+            &e[..e.len().min(300)]
+        );
+    }
+    let o = grpo_suite()
+        .env("GRPO_REQUIRE_BACKENDS", &long)
+        .args(["run", "--list", "--suite", "smoke"])
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{}", &e[..e.len().min(300)]);
+    assert!(
+        e.len() < 400 && e.contains("(100000 chars)"),
+        "{}",
+        &e[..e.len().min(300)]
+    );
+}
+
+#[test]
 fn golden_update_shows_changes_and_wants_force_without_a_version_bump() {
     // A copy of the smoke golden files with one stored value altered: the update lists
     // exactly that case, writes nothing on --dry-run, refuses without --force (no version
