@@ -950,6 +950,40 @@ fn a_long_environment_value_is_echoed_once_shortened() {
 }
 
 #[test]
+fn a_malformed_implementation_entry_names_the_entry_and_the_accepted_forms() {
+    // It used to be "data did not match any variant of untagged enum ImplEntry", at the
+    // list's position, for any of these.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    for (entry, want) in [
+        ("{idd: naive_f32}", "unknown field `idd`"),
+        ("3", "got a number"),
+        ("[naive_f32]", "got a list"),
+        ("{id: naive_f32, enabled: maybe}", "`naive_f32`"),
+        ("{name: x}", "missing field `id`"),
+    ] {
+        std::fs::write(
+            &cfg,
+            format!(
+                "backends:\n  reference:\n    implementations:\n      - oracle\n      - {entry}\n"
+            ),
+        )
+        .unwrap();
+        let o = suite(&["run", "--list", "--config", cfg.to_str().unwrap()]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{entry}: {e}");
+        assert_eq!(e.trim().lines().count(), 1, "{entry}: {e}");
+        assert!(
+            e.contains("implementations: entry [1]: ")
+                && e.contains(want)
+                && e.contains("an id (`- oracle`) or a mapping with an `id`")
+                && !e.contains("untagged"),
+            "{entry}: {e}"
+        );
+    }
+}
+
+#[test]
 fn golden_update_shows_changes_and_wants_force_without_a_version_bump() {
     // A copy of the smoke golden files with one stored value altered: the update lists
     // exactly that case, writes nothing on --dry-run, refuses without --force (no version
