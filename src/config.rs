@@ -148,13 +148,78 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
 }
 
 /// An implementation: just its id, or id with switches and options.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 pub enum ImplEntry {
     /// `- jax_baseline`
     Id(String),
     /// `- {id: ..., enabled: ..., options: {...}}`
     Full(ImplConfig),
+}
+
+/// Deserializes a backend's `implementations` list; an entry's error names its index
+/// (`entry [1]: ...`, counted from 0).
+pub fn impl_list<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<ImplEntry>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Vec<ImplEntry>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of implementations")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            use serde::de::Error;
+            let mut out = Vec::new();
+            loop {
+                match seq.next_element::<ImplEntry>() {
+                    Ok(Some(e)) => out.push(e),
+                    Ok(None) => return Ok(out),
+                    Err(e) => return Err(A::Error::custom(format!("entry [{}]: {e}", out.len()))),
+                }
+            }
+        }
+    }
+    d.deserialize_seq(V)
+}
+
+/// The two forms of an implementation entry, for messages.
+const IMPL_ENTRY_FORMS: &str =
+    "an implementation entry is an id (`- oracle`) or a mapping with an `id` (`- {id: pallas_logits, options: {...}}`)";
+
+impl<'de> Deserialize<'de> for ImplEntry {
+    /// A string is an id, a mapping an [`ImplConfig`]; anything else, or a mapping that
+    /// is not a valid `ImplConfig`, is an error saying which (serde's path and line name
+    /// the entry) and the accepted forms.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error;
+        use serde_yaml_ng::Value;
+        let v = Value::deserialize(d)?;
+        match v {
+            Value::String(s) => Ok(ImplEntry::Id(s)),
+            Value::Mapping(_) => {
+                let id = v.get("id").and_then(Value::as_str).map(str::to_string);
+                ImplConfig::deserialize(v)
+                    .map(ImplEntry::Full)
+                    .map_err(|e| {
+                        let which = id.map_or(String::new(), |i| format!("`{i}`: "));
+                        D::Error::custom(format!("{which}{e}; {IMPL_ENTRY_FORMS}"))
+                    })
+            }
+            other => {
+                let kind = match other {
+                    Value::Null => "nothing",
+                    Value::Bool(_) => "a boolean",
+                    Value::Number(_) => "a number",
+                    Value::Sequence(_) => "a list",
+                    _ => "a tagged value",
+                };
+                Err(D::Error::custom(format!("got {kind}; {IMPL_ENTRY_FORMS}")))
+            }
+        }
+    }
 }
 
 /// An implementation with its switches (the seeds' `kernel.enabled`, `bwd_impl`, `block_size`
@@ -325,6 +390,9 @@ impl Config {
         c.origin = origin.to_string();
         if c.export_timeout_s == 0 {
             bail!("{origin}: export_timeout_s must be at least 1 (seconds per exported module)");
+        }
+        if c.trial_timeout_s == 0 {
+            bail!("{origin}: trial_timeout_s must be a whole number of seconds ≥ 1 (got 0)");
         }
         c.backends.validate(origin)?;
         for (k, e) in c.expected_failures.iter().enumerate() {

@@ -67,6 +67,32 @@ pub const VARS: &[Var] = &[
     Var { name: "GRPO_BENCH_EXACT", meaning: "`1`: the oracle benchmark also times input generation on the scalar path (as before the fast path) and checks its bits", default: "unset", read_by: "`cargo bench --bench oracle`" },
 ];
 
+/// Characters of a value that messages echo; a longer value is cut there.
+pub const SHOWN_CHARS: usize = 80;
+
+/// A value as messages echo it: whole when short, else its first [`SHOWN_CHARS`]
+/// characters and its length ("xxxx… (100000 chars)").
+pub fn shown(value: &str) -> String {
+    let n = value.chars().count();
+    if n <= SHOWN_CHARS {
+        value.to_string()
+    } else {
+        let head: String = value.chars().take(SHOWN_CHARS).collect();
+        format!("{head}… ({n} chars)")
+    }
+}
+
+/// [`shown`], quoted as Rust's `{:?}` quotes (an empty value stays visible).
+pub fn shown_quoted(value: &str) -> String {
+    let n = value.chars().count();
+    if n <= SHOWN_CHARS {
+        format!("{value:?}")
+    } else {
+        let head: String = value.chars().take(SHOWN_CHARS).collect();
+        format!("{head:?}… ({n} chars)")
+    }
+}
+
 fn raw(name: &str) -> Option<String> {
     std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
 }
@@ -120,7 +146,10 @@ pub fn libtpu() -> Result<Option<PathBuf>> {
 
 fn file(name: &str) -> Result<Option<PathBuf>> {
     match path(name)? {
-        Some(p) if !p.is_file() => bail!("{name}={} is not a file; fix or unset it", p.display()),
+        Some(p) if !p.is_file() => bail!(
+            "{name}={} is not a file; fix or unset it",
+            shown(&p.to_string_lossy())
+        ),
         other => Ok(other),
     }
 }
@@ -134,7 +163,10 @@ pub fn records() -> Result<Option<PathBuf>> {
 pub fn suite() -> Result<crate::cases::Suite> {
     match raw(SUITE) {
         None => Ok(crate::cases::Suite::Ci),
-        Some(s) => s.parse().map_err(|e| anyhow::anyhow!("{SUITE}={s}: {e}")),
+        // The parser's message repeats the value: say the choices instead.
+        Some(s) => s.parse().map_err(|_| {
+            anyhow::anyhow!("{SUITE}={}: expected smoke, ci, nightly or full", shown(&s))
+        }),
     }
 }
 
@@ -157,10 +189,14 @@ pub fn tol_scale() -> Result<f64> {
         None => Ok(1.0),
         Some(s) => match s.trim().parse::<f64>() {
             Ok(x) if x.is_finite() && x > MAX_TOL_SCALE && raw(ALLOW_LOOSE).as_deref() != Some("1") => bail!(
-                "{TOL_SCALE}={s} loosens every gate beyond the {MAX_TOL_SCALE}× maximum; set {ALLOW_LOOSE}=1 if you mean it"
+                "{TOL_SCALE}={} loosens every gate beyond the {MAX_TOL_SCALE}× maximum; set {ALLOW_LOOSE}=1 if you mean it",
+                shown(&s)
             ),
             Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
-            _ => bail!("{TOL_SCALE}={s:?} is not a finite number > 0 (e.g. 0.1 for stricter gates); unset it for 1"),
+            _ => bail!(
+                "{TOL_SCALE}={} is not a finite number > 0 (e.g. 0.1 for stricter gates); unset it for 1",
+                shown_quoted(&s)
+            ),
         },
     }
 }
@@ -170,7 +206,10 @@ pub fn bless() -> Result<bool> {
     match raw(BLESS).as_deref() {
         None | Some("0") | Some("") => Ok(false),
         Some("1") => Ok(true),
-        Some(other) => bail!("{BLESS}={other:?}: use 1 to re-bless golden files, or unset it"),
+        Some(other) => bail!(
+            "{BLESS}={}: use 1 to re-bless golden files, or unset it",
+            shown_quoted(other)
+        ),
     }
 }
 
@@ -182,7 +221,10 @@ pub fn check_all() -> Result<()> {
             ALLOW_LOOSE,
             match raw(ALLOW_LOOSE).as_deref() {
                 None | Some("1") | Some("0") => Ok(()),
-                Some(v) => Err(anyhow::anyhow!("{ALLOW_LOOSE}={v:?}: use 1 or unset it")),
+                Some(v) => Err(anyhow::anyhow!(
+                    "{ALLOW_LOOSE}={}: use 1 or unset it",
+                    shown_quoted(v)
+                )),
             },
         ),
         (PYTHON, python().map(|_| ())),
@@ -200,7 +242,7 @@ pub fn check_all() -> Result<()> {
         if !p.join("cases").is_dir() {
             bail!(
                 "{ROOT}={} has no cases/ directory; point it at the repository root",
-                p.display()
+                shown(&p.to_string_lossy())
             );
         }
     }

@@ -19,6 +19,7 @@ pub mod cost;
 pub mod env;
 pub mod gates;
 pub mod golden;
+pub mod host_memory;
 pub mod inputs;
 pub mod npy;
 pub mod oracle;

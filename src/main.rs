@@ -21,7 +21,7 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
-    let args = cli::Cli::parse();
+    let args = cli::Cli::try_parse().unwrap_or_else(|e| cli::exit_on_parse_error(e));
     if let Err(e) = grpo_conformance::env::check_all() {
         eprintln!("error: {e:#}");
         std::process::exit(2);

@@ -36,8 +36,11 @@ pub fn elements(case_id: &str) -> Option<f64> {
     let shape = case_id.split('/').nth(2)?;
     let mut d = BTreeMap::new();
     for p in shape.split('_') {
-        let (k, v) = p.split_at(1);
-        d.insert(k.to_string(), v.parse::<f64>().ok()?);
+        // By chars, never a byte offset: a foreign or edited record's shape part may be
+        // empty or start with a multibyte character.
+        let mut chars = p.chars();
+        let k = chars.next()?;
+        d.insert(k.to_string(), chars.as_str().parse::<f64>().ok()?);
     }
     let (b, t, v) = (d.get("b")?, d.get("t")?, d.get("v")?);
     Some(match d.get("h") {
@@ -51,6 +54,17 @@ struct Series {
     points: Vec<(f64, f64)>,
 }
 
+/// How a scatter plot's y axis maps values.
+enum YAxis {
+    /// Linear, numeric tick labels.
+    Linear,
+    /// Log10, numeric tick labels.
+    Log,
+    /// One row per category: category k (0-based) is drawn at y = k + 1 and labelled by
+    /// its name.
+    Categories(Vec<String>),
+}
+
 /// A scatter plot with optional log axes; `hline` draws a dashed reference line.
 fn scatter(
     title: &str,
@@ -58,10 +72,23 @@ fn scatter(
     ylabel: &str,
     series: &[Series],
     logx: bool,
-    logy: bool,
+    yaxis: YAxis,
     hline: Option<(f64, &str)>,
 ) -> String {
-    let (w, h, l, r, t, b) = (1000.0, 380.0, 70.0, 330.0, 30.0, 50.0);
+    let (w, h, l, r, t, b): (f64, f64, f64, f64, f64, f64) =
+        (1000.0, 380.0, 70.0, 330.0, 30.0, 50.0);
+    let logy = matches!(yaxis, YAxis::Log);
+    let cats = match &yaxis {
+        YAxis::Categories(c) => Some(c.as_slice()),
+        _ => None,
+    };
+    // Category names are longer than numbers: a wider left margin.
+    let l = match cats {
+        Some(c) => {
+            l.max(12.0 + 6.5 * c.iter().map(|n| n.chars().count()).max().unwrap_or(0) as f64)
+        }
+        None => l,
+    };
     let tx = |x: f64| if logx { x.max(1e-30).log10() } else { x };
     let ty = |y: f64| if logy { y.max(1e-30).log10() } else { y };
     let pts: Vec<(f64, f64)> = series
@@ -88,6 +115,9 @@ fn scatter(
         y0 = y0.min(ty(v));
         y1 = y1.max(ty(v));
     }
+    if let Some(c) = cats {
+        (y0, y1) = (1.0, c.len().max(1) as f64);
+    }
     let pad = |a: f64, b: f64| {
         if (b - a).abs() < 1e-12 {
             0.5
@@ -105,6 +135,17 @@ fn scatter(
         w - l - r,
         h - t - b
     );
+    // A y-axis label at `y` and its grid line.
+    let y_tick = |svg: &mut String, y: f64, label: &str| {
+        let _ = write!(
+            svg,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#444">{}</text><line x1="{l}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#eee"/>"##,
+            l - 4.0,
+            y + 4.0,
+            esc(label),
+            w - r,
+        );
+    };
     for k in 0..=4 {
         let fx = x0 + (x1 - x0) * k as f64 / 4.0;
         let fy = y0 + (y1 - y0) * k as f64 / 4.0;
@@ -122,20 +163,12 @@ fn scatter(
             h - b + 14.0,
             lab(fx, logx)
         );
-        let _ = write!(
-            svg,
-            r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#444">{}</text>"##,
-            l - 4.0,
-            sy(fy) + 4.0,
-            lab(fy, logy)
-        );
-        let _ = write!(
-            svg,
-            r##"<line x1="{l}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#eee"/>"##,
-            w - r,
-            sy(fy),
-            sy(fy)
-        );
+        if cats.is_none() {
+            y_tick(&mut svg, sy(fy), &lab(fy, logy));
+        }
+    }
+    for (k, name) in cats.unwrap_or_default().iter().enumerate() {
+        y_tick(&mut svg, sy(k as f64 + 1.0), name);
     }
     let _ = write!(
         svg,
@@ -345,6 +378,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
             .map(|(name, points)| Series { name, points })
             .collect::<Vec<_>>()
     };
+    let outputs: Vec<String> = margin.keys().cloned().collect();
     let margin_series: Vec<Series> = margin
         .into_iter()
         .enumerate()
@@ -359,7 +393,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         "median seconds",
         &series(time),
         true,
-        true,
+        YAxis::Log,
         None,
     );
     let budget_label = budget_line.map(|(r, slack)| {
@@ -378,7 +412,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         "peak / floor",
         &series(mem),
         true,
-        false,
+        YAxis::Linear,
         budget_line.map(|(r, _)| (r, budget_label.as_deref().unwrap_or("budget"))),
     );
     let margin_svg = scatter(
@@ -387,7 +421,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         "output (one row each)",
         &margin_series,
         true,
-        false,
+        YAxis::Categories(outputs),
         None,
     );
 
@@ -597,6 +631,15 @@ mod tests {
             Some(512.0 * 512.0 + 512.0 * 151936.0)
         );
         assert_eq!(elements("nonsense"), None);
+        for odd in [
+            "a/b//c",
+            "a/b/é/c",
+            "a/b/b1_t2_vé/c",
+            "a/b/b1__t2_v9/c",
+            "a/b/€1_t2_v9/c",
+        ] {
+            assert_eq!(elements(odd), None, "{odd}");
+        }
     }
 
     #[test]
@@ -641,7 +684,7 @@ mod tests {
                 points: vec![(1.0, 2.0), (10.0, 3.0)],
             }],
             true,
-            false,
+            YAxis::Linear,
             Some((2.5, "budget")),
         );
         assert!(

@@ -25,32 +25,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Available host memory (`MemAvailable`), bytes.
-fn mem_available_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    line.split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()
-        .map(|kib| kib * 1024)
-}
-
-/// Refuses a case whose inputs and oracle would not fit in this machine's memory, before
-/// anything is allocated (instead of an abort on a failed allocation).
+/// Refuses a case whose inputs and oracle would not fit in the memory this process may
+/// still use (see [`crate::host_memory`]), before anything is allocated (instead of an
+/// abort on a failed allocation).
 pub fn check_host_memory(case: &Case) -> Result<(), String> {
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let need = case
-        .host_bytes_needed()
-        .ok_or_else(|| format!("{}: shape overflows 64-bit byte counts", case.id))?;
-    match mem_available_bytes() {
-        Some(avail) if need > avail => Err(format!(
-            "needs ~{:.1} GiB of host memory for its inputs and the oracle, this machine has {:.1} GiB available",
-            gib(need),
-            gib(avail)
-        )),
-        _ => Ok(()),
-    }
+    crate::host_memory::check(case)
 }
 
 /// Where a run trial's backend stands.
@@ -243,7 +222,8 @@ impl Plan {
         for r in required {
             if !config.backends.names().contains(r) {
                 bail!(
-                    "required backend `{r}` is not in the configuration {} (it has: {})",
+                    "required backend `{}` is not in the configuration {} (it has: {})",
+                    crate::env::shown(r),
                     config.origin,
                     config.backends.names().join(", ")
                 );

@@ -787,7 +787,8 @@ fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let rec = std::fs::read_to_string(&rec).unwrap();
     assert!(
-        rec.contains("of host memory for its inputs and the oracle, this machine has"),
+        rec.contains("of host memory for its inputs, outputs and the oracle")
+            && rec.contains("MemAvailable"),
         "{rec}"
     );
     let id = String::from_utf8(
@@ -824,6 +825,174 @@ fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
     let e = stderr(&o);
     assert!(
         e.contains("overflows 64-bit byte counts") && !e.contains("panicked"),
+        "{e}"
+    );
+}
+
+/// A run of `grpo-suite` with an address-space limit (`ulimit -v`, `prlimit --as`).
+fn grpo_suite_with_rlimit_as(bytes: u64) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = grpo_suite();
+    // SAFETY: only setrlimit (async-signal-safe) between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            let l = libc::rlimit {
+                rlim_cur: bytes as libc::rlim_t,
+                rlim_max: bytes as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    c
+}
+
+#[test]
+fn host_memory_refusal_respects_rlimit_as_and_golden_reports_it() {
+    // V = 2³¹−1, one token: 8 GiB of f32 logits, as much again of dlogits, and the
+    // oracle's f64 rows of V on top. Under a 4 GiB address-space limit this is refused
+    // before anything is allocated, in one line naming the bytes and the limit (it used
+    // to abort the worker: "memory allocation of … bytes failed", SIGABRT).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("big.yaml"),
+        "groups:\n  - name: big\n    suites: [smoke]\n    fixed: {b: 1, t: 1, v: 2147483647}\n",
+    )
+    .unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let cfg = other.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "backends:\n  reference: {implementations: [oracle]}\n",
+    )
+    .unwrap();
+    let rec = other.path().join("r.jsonl");
+    let cases = dir.path().to_str().unwrap();
+    let o = grpo_suite_with_rlimit_as(4 << 30)
+        .args(["--cases", cases, "run", "--suite", "smoke", "--config"])
+        .arg(&cfg)
+        .arg("--records")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        !e.contains("SIGABRT") && !e.contains("memory allocation of"),
+        "{e}"
+    );
+    let rec = std::fs::read_to_string(&rec).unwrap();
+    let reasons: Vec<String> = rec
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|r| r["reason"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(reasons.len(), 2, "{rec}");
+    for r in &reasons {
+        assert_eq!(r.lines().count(), 1, "{r}");
+        assert!(
+            r.contains("host memory") && r.contains(" bytes") && r.contains("RLIMIT_AS"),
+            "{r}"
+        );
+    }
+    // `golden update` and `golden check` on a case refused by the memory check say so
+    // (one line naming the case and the reason) and exit 2; update used to say
+    // "0 unchanged, 0 changed, 0 new" and exit 0, check "cases differ; re-bless".
+    let id =
+        String::from_utf8(suite(&["--cases", cases, "cases", "--suite", "smoke"]).stdout).unwrap();
+    let gold = other.path().join("golden");
+    std::fs::create_dir_all(&gold).unwrap();
+    let gold = gold.to_str().unwrap();
+    for action in ["update", "check"] {
+        let o = grpo_suite_with_rlimit_as(4 << 30)
+            .args([
+                "--cases", cases, "golden", action, "--suite", "smoke", "--dir", gold,
+            ])
+            .output()
+            .unwrap();
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "golden {action}: {e}");
+        let refused: Vec<&str> = e.lines().filter(|l| l.contains("refused")).collect();
+        assert!(
+            refused
+                .iter()
+                .any(|l| l.contains(id.trim()) && l.contains("RLIMIT_AS")),
+            "golden {action}: {e}"
+        );
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            !e.contains("re-bless") && (action == "check" || out.contains("1 refused")),
+            "golden {action}: {out}{e}"
+        );
+    }
+}
+
+#[test]
+fn numeric_options_say_their_range_in_one_line() {
+    // Every numeric option of every subcommand: a value outside its range (zero or a
+    // negative number) is one line naming the option and the range, exit 2. Negative
+    // numbers reach the option's parser (they used to be "unexpected argument '-1'"), and
+    // `--trial-timeout 0` is refused (it used to be taken as 1 s).
+    let cases: &[(&[&str], &str, &str)] = &[
+        (
+            &["run", "--list", "--trial-timeout", "0"],
+            "--trial-timeout",
+            "≥ 1",
+        ),
+        (
+            &["run", "--list", "--trial-timeout", "-5"],
+            "--trial-timeout",
+            "≥ 1",
+        ),
+        (&["run", "--list", "--repeats", "-1"], "--repeats", "≥ 0"),
+        (&["run", "--list", "--warmup", "-2"], "--warmup", "≥ 0"),
+        (
+            &["sweep", "--impl", "x", "--max-peak-over-floor", "-1"],
+            "--max-peak-over-floor",
+            "≥ 1",
+        ),
+        (
+            &["sweep", "--impl", "x", "--max-peak-over-floor", "0.5"],
+            "--max-peak-over-floor",
+            "≥ 1",
+        ),
+        (
+            &[
+                "sweep",
+                "--impl",
+                "x",
+                "--max-roofline-over-baseline",
+                "-0.5",
+            ],
+            "--max-roofline-over-baseline",
+            "> 0",
+        ),
+    ];
+    for (args, option, range) in cases {
+        let o = suite(args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert_eq!(e.trim().lines().count(), 1, "{args:?}: {e}");
+        assert!(
+            e.contains(option) && e.contains(range) && !e.contains("unexpected argument"),
+            "{args:?}: {e}"
+        );
+    }
+    // The configuration's trial_timeout_s is held to the same range.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "trial_timeout_s: 0\nbackends:\n  reference: {implementations: [oracle]}\n",
+    )
+    .unwrap();
+    let o = suite(&["run", "--list", "--config", cfg.to_str().unwrap()]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("trial_timeout_s") && e.contains("≥ 1") && e.trim().lines().count() == 1,
         "{e}"
     );
 }
@@ -870,6 +1039,92 @@ fn environment_paths_that_are_not_files_are_one_line() {
         assert_eq!(o.status.code(), Some(2), "{var}={val}");
         let e = stderr(&o);
         assert!(e.contains(var) && e.trim().lines().count() == 1, "{e}");
+    }
+}
+
+#[test]
+fn a_long_environment_value_is_echoed_once_shortened() {
+    // A 100 000-character value used to be echoed in full, twice (GRPO_SUITE: the value,
+    // then the parser's message with the value again): one line, the start of the value
+    // and its length.
+    let long = format!("/nonexistent/{}", "x".repeat(100_000 - 13));
+    for var in [
+        "GRPO_SUITE",
+        "GRPO_TOL_SCALE",
+        "GRPO_BLESS",
+        "GRPO_ALLOW_LOOSE_TOLERANCES",
+        "GRPO_PJRT_PLUGIN",
+        "GRPO_LIBTPU",
+        "GRPO_ROOT",
+    ] {
+        let o = grpo_suite()
+            .env(var, &long)
+            .args(["cases", "--suite", "smoke"])
+            .output()
+            .unwrap();
+        let e = stderr(&o);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{var}: {}",
+            &e[..e.len().min(300)]
+        );
+        assert!(
+            e.trim().lines().count() == 1
+                && e.len() < 400
+                && e.contains(var)
+                && e.contains("/nonexistent/xxx")
+                && e.contains("(100000 chars)"),
+            "{var}: {} chars: {}",
+            e.len(),
+            &e[..e.len().min(300)]
+        );
+    }
+    let o = grpo_suite()
+        .env("GRPO_REQUIRE_BACKENDS", &long)
+        .args(["run", "--list", "--suite", "smoke"])
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{}", &e[..e.len().min(300)]);
+    assert!(
+        e.len() < 400 && e.contains("(100000 chars)"),
+        "{}",
+        &e[..e.len().min(300)]
+    );
+}
+
+#[test]
+fn a_malformed_implementation_entry_names_the_entry_and_the_accepted_forms() {
+    // It used to be "data did not match any variant of untagged enum ImplEntry", at the
+    // list's position, for any of these.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    for (entry, want) in [
+        ("{idd: naive_f32}", "unknown field `idd`"),
+        ("3", "got a number"),
+        ("[naive_f32]", "got a list"),
+        ("{id: naive_f32, enabled: maybe}", "`naive_f32`"),
+        ("{name: x}", "missing field `id`"),
+    ] {
+        std::fs::write(
+            &cfg,
+            format!(
+                "backends:\n  reference:\n    implementations:\n      - oracle\n      - {entry}\n"
+            ),
+        )
+        .unwrap();
+        let o = suite(&["run", "--list", "--config", cfg.to_str().unwrap()]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{entry}: {e}");
+        assert_eq!(e.trim().lines().count(), 1, "{entry}: {e}");
+        assert!(
+            e.contains("implementations: entry [1]: ")
+                && e.contains(want)
+                && e.contains("an id (`- oracle`) or a mapping with an `id`")
+                && !e.contains("untagged"),
+            "{entry}: {e}"
+        );
     }
 }
 

@@ -330,3 +330,47 @@ fn a_records_file_has_one_writer_and_workers_end_with_their_run() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+#[test]
+fn a_truncated_plugin_is_named_not_a_sigbus() {
+    // A plugin file cut short (an interrupted copy or download): dlopen maps past its end
+    // and the worker used to die of "killed by SIGBUS (7)" without naming the file. The
+    // trial's ERROR names the file and says it is incomplete.
+    let dir = tempfile::tempdir().unwrap();
+    let so = build_fake_plugin(dir.path());
+    let bytes = std::fs::read(&so).unwrap();
+    let cut = dir.path().join("cut_pjrt.so");
+    std::fs::write(&cut, &bytes[..8192.min(bytes.len() / 2)]).unwrap();
+    let cases = dir.path().join("cases");
+    std::fs::create_dir_all(&cases).unwrap();
+    std::fs::write(
+        cases.join("t.yaml"),
+        "groups:\n  - name: t\n    suites: [smoke]\n    fixed: {b: 1, t: 2, v: 9}\n",
+    )
+    .unwrap();
+    let rec = dir.path().join("r.jsonl");
+    let o = run(
+        dir.path(),
+        &cut,
+        &[
+            "--cases",
+            cases.to_str().unwrap(),
+            "--filter",
+            "pjrt-cpu/",
+            "--records",
+            rec.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let lines = records(&rec);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let reason = lines[0]["reason"].as_str().unwrap_or("");
+    assert!(
+        lines[0]["verdict"] == "error"
+            && reason.contains(cut.to_str().unwrap())
+            && reason.contains("truncated")
+            && !reason.contains("SIGBUS"),
+        "{reason}"
+    );
+}

@@ -73,3 +73,92 @@ fn report_is_self_contained_and_puts_failures_first() {
     );
     assert!(md.contains("**Result: no regression.**"));
 }
+
+/// The texts of `<text …text-anchor="end"…>` elements (the y axis's tick labels).
+fn y_tick_labels(svg: &str) -> Vec<String> {
+    svg.split("<text ")
+        .skip(1)
+        .filter(|t| {
+            t.split('>')
+                .next()
+                .unwrap()
+                .contains(r#"text-anchor="end""#)
+        })
+        .map(|t| {
+            t.split('>')
+                .nth(1)
+                .unwrap()
+                .split('<')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn report_survives_odd_shape_parts_and_names_output_categories() {
+    // A tiny reference run, then its records with the case's shape part empty or
+    // multibyte (a hand-edited or foreign records file): the report is written, no panic
+    // (it used to be rc 101, "byte index 1 is not a char boundary").
+    let dir = tempfile::tempdir().unwrap();
+    let cases = dir.path().join("cases");
+    std::fs::create_dir_all(&cases).unwrap();
+    std::fs::write(
+        cases.join("t.yaml"),
+        "groups:\n  - name: t\n    suites: [smoke]\n    fixed: {b: 1, t: 2, v: 9}\n",
+    )
+    .unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "backends:\n  reference: {implementations: [oracle]}\n",
+    )
+    .unwrap();
+    let rec = dir.path().join("r.jsonl");
+    let o = suite(&[
+        "--cases",
+        cases.to_str().unwrap(),
+        "run",
+        "--suite",
+        "smoke",
+        "--filter",
+        "reference/",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--records",
+        rec.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&rec).unwrap();
+    let mut odd = String::new();
+    for shape in ["", "é", "b1_t2_vé", "b1__t2_v9", "€1_t2_v9"] {
+        odd.push_str(&text.replace("/b1_t2_v9/", &format!("/{shape}/")));
+    }
+    std::fs::write(&rec, odd).unwrap();
+    let out = dir.path().join("rep");
+    let o = suite(&[
+        "report",
+        rec.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+    // Plot 3 (each output's error against its bound): its y axis is the outputs, labelled
+    // by name, not by the numbers the rows are drawn at.
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    let plot3 = html.split("<svg").nth(3).expect("a third plot");
+    let labels = y_tick_labels(plot3);
+    for want in ["dlogits", "entropy", "loss", "per_token_logp"] {
+        assert!(
+            labels.iter().any(|l| l == want),
+            "y labels {labels:?} lack {want}"
+        );
+    }
+    assert!(
+        labels.iter().all(|l| l.parse::<f64>().is_err()),
+        "numeric y labels on a categorical axis: {labels:?}"
+    );
+}

@@ -155,28 +155,42 @@ impl Case {
     }
 
     /// Host memory the suite itself needs for this case (inputs, oracle, one set of
-    /// outputs), in bytes; `None` when the count overflows. Logits level: the f32 logits
-    /// and the f32 dlogits (the oracle streams rows). Fused level: f32 hidden and
-    /// lm_head, the oracle's f64 dhidden and dlm_head, f32 outputs of both.
+    /// outputs), in bytes, with rayon's thread count here; `None` when the count
+    /// overflows. See [`Case::host_bytes_needed_with`].
     pub fn host_bytes_needed(&self) -> Option<u64> {
+        self.host_bytes_needed_with(rayon::current_num_threads())
+    }
+
+    /// Host memory the suite itself needs for this case when the oracle and the gates run
+    /// on `threads` threads, in bytes; `None` when the count overflows.
+    ///
+    /// - Logits level: the f32 logits and the f32 dlogits (8 bytes per element), plus
+    ///   per token row in flight (one per thread, at most one per row) three f64 rows of V
+    ///   (the oracle's exponentials and dlogits row, the gates' (value, scale) row).
+    /// - Fused level: f32 hidden and lm_head, the oracle's f64 dhidden and dlm_head, f32
+    ///   outputs of both (16 bytes per element), plus the oracle's f64 rows of V: the
+    ///   gradient blocks' 64 rows, or the forward pass's 16 logits rows per thread, whichever
+    ///   is more, and the three per row in flight as at the logits level.
+    /// - Per-token vectors of inputs, oracle and outputs: 64 bytes per token.
+    pub fn host_bytes_needed_with(&self, threads: usize) -> Option<u64> {
         let s = &self.shape;
+        let v = s.v as u64;
         let rows = (s.b as u64).checked_mul(s.t as u64)?;
-        let small = rows.checked_mul(64)?; // per-token vectors of inputs, oracle and outputs
+        let small = rows.checked_mul(64)?;
+        let in_flight = rows.min(threads.max(1) as u64);
+        let mut rows_of_v = in_flight.checked_mul(3)?;
         let big = match self.level {
-            Level::Logits => rows.checked_mul(s.v as u64)?.checked_mul(8)?,
+            Level::Logits => rows.checked_mul(v)?.checked_mul(8)?,
             Level::Fused => {
                 let h = s.h.unwrap_or(0) as u64;
-                let elems = rows
-                    .checked_mul(h)?
-                    .checked_add(h.checked_mul(s.v as u64)?)?;
-                // The fused oracle also forms up to 64 f64 rows of V at a time (its gradients:
-                // a block of 32 logits rows and their 32 dlogits rows).
-                elems
-                    .checked_mul(4 + 8 + 4)?
-                    .checked_add((s.v as u64).checked_mul(8 * 64)?)?
+                let elems = rows.checked_mul(h)?.checked_add(h.checked_mul(v)?)?;
+                let forward = rows.div_ceil(16).min(threads.max(1) as u64) * rows.min(16);
+                rows_of_v = rows_of_v.checked_add(forward.max(64))?;
+                elems.checked_mul(4 + 8 + 4)?
             }
         };
-        big.checked_add(small)
+        big.checked_add(rows_of_v.checked_mul(v)?.checked_mul(8)?)?
+            .checked_add(small)
     }
 
     /// An upper bound on |input element| the generator can produce for this case, and on
@@ -324,5 +338,24 @@ impl Case {
             _ => {}
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_fixed;
+
+    #[test]
+    fn host_bytes_needed_counts_the_oracle_rows_of_v() {
+        // One token at V = 2³¹−1: f32 logits and f32 dlogits are 8·V bytes, and judging
+        // the dlogits forms an f64 (value, scale) pair row of V (16·V) on top.
+        let v = i32::MAX as u64;
+        let c = parse_fixed("b: 1, t: 1, v: 2147483647").unwrap();
+        let need = c.host_bytes_needed().unwrap();
+        assert!(
+            need >= 24 * v,
+            "counts {need} bytes, less than 24·V = {}",
+            24 * v
+        );
     }
 }

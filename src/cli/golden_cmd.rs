@@ -77,13 +77,15 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
     }
     let pb = bar(cases.len());
     let mut problems = Vec::new();
+    // Cases the host-memory check refused: neither checked nor written.
+    let mut refused = Vec::new();
     // Update: (case, path, new record, what changed, whether the versions moved).
     let mut changes: Vec<(String, PathBuf, golden::Golden, Vec<String>, bool)> = Vec::new();
     let (mut unchanged, mut new) = (0usize, 0usize);
     for c in &cases {
         pb.set_message(c.id.clone());
         if let Err(e) = grpo_conformance::trials::check_host_memory(c) {
-            problems.push(format!("{}: {e}", c.id));
+            refused.push(format!("{}: {e}", c.id));
             pb.inc(1);
             continue;
         }
@@ -135,19 +137,40 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
         pb.inc(1);
     }
     pb.finish_and_clear();
+    for r in &refused {
+        eprintln!("{r}");
+    }
+    let refused_err = || {
+        anyhow::anyhow!(
+            "golden {}: {} of {} cases refused (host memory, above): nothing {} for them",
+            if update { "update" } else { "check" },
+            refused.len(),
+            cases.len(),
+            if update { "written" } else { "checked" }
+        )
+    };
     if update {
         for (id, _, _, lines, _) in &changes {
             println!("{id}\n  {}", lines.join("\n  "));
         }
         let unversioned: Vec<&String> = changes.iter().filter(|c| !c.4).map(|c| &c.0).collect();
+        let refused_n = if refused.is_empty() {
+            String::new()
+        } else {
+            format!(", {} refused", refused.len())
+        };
         println!(
-            "golden update: {unchanged} unchanged, {} changed, {new} new ({} change values without an oracle or generator version bump)",
+            "golden update: {unchanged} unchanged, {} changed, {new} new{refused_n} ({} change values without an oracle or generator version bump)",
             changes.len() - new,
             unversioned.len()
         );
         if dry_run {
             println!("dry run: nothing written");
-            return Ok(());
+            return if refused.is_empty() {
+                Ok(())
+            } else {
+                Err(refused_err())
+            };
         }
         if !unversioned.is_empty() && !force {
             bail!(
@@ -173,17 +196,28 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
                 );
             }
         }
-        return Ok(());
+        return if refused.is_empty() {
+            Ok(())
+        } else {
+            Err(refused_err())
+        };
     }
-    if problems.is_empty() {
+    if problems.is_empty() && refused.is_empty() {
         eprintln!("golden check: {} cases match", cases.len());
         Ok(())
+    } else if problems.is_empty() {
+        Err(refused_err())
     } else {
         for p in &problems {
             eprintln!("{p}");
         }
+        let also = if refused.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} refused: host memory, above)", refused.len())
+        };
         bail!(
-            "golden check: {} of {} cases differ; {BLESS_HINT}",
+            "golden check: {} of {} cases differ{also}; {BLESS_HINT}",
             problems.len(),
             cases.len()
         )

@@ -3,6 +3,7 @@
 mod cost_cmd;
 mod golden_cmd;
 mod inputs_cmd;
+mod numbers;
 mod run_cmd;
 mod sweep_cmd;
 
@@ -102,6 +103,38 @@ pub fn print_aligned<const N: usize>(head: [&str; N], rows: &[[String; N]]) {
     for r in rows {
         println!("{}", line(r));
     }
+}
+
+/// Ends the process on a command-line error: help and version as clap prints them, any
+/// other error as one line on stderr (clap's message and its tip, without the usage
+/// block), exit 2.
+pub fn exit_on_parse_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit()
+    }
+    eprintln!("{}", one_line(&e.render().to_string()));
+    std::process::exit(2)
+}
+
+/// clap's rendered error as one line: the `error:` line and any `tip:` lines.
+fn one_line(rendered: &str) -> String {
+    let mut lines = rendered.lines().map(str::trim);
+    let mut out = lines
+        .next()
+        .unwrap_or("error: invalid command line")
+        .to_string();
+    for tip in lines.filter(|l| l.starts_with("tip:")) {
+        out.push_str(" (");
+        out.push_str(tip);
+        out.push(')');
+    }
+    out
 }
 
 /// Loads the case matrix.

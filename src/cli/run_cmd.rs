@@ -48,10 +48,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Timed executions per trial (after warm-up); default from the config.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::numbers::count)]
     pub repeats: Option<usize>,
     /// Untimed warm-up executions; default from the config.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::numbers::count)]
     pub warmup: Option<usize>,
     /// JSONL record file (default: records/<suite>-<unix time>.jsonl).
     #[arg(long)]
@@ -64,7 +64,7 @@ pub struct RunArgs {
     pub resume: Option<PathBuf>,
     /// Seconds one trial may take before its worker is killed and the trial recorded as
     /// timed out (default: the config's `trial_timeout_s`).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::numbers::seconds)]
     pub trial_timeout: Option<u64>,
     /// Run the trials in this process (a crash or hang ends the run).
     #[arg(long)]
@@ -210,7 +210,7 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
     pb.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed_precise} {wide_msg}").unwrap(),
     );
-    let timeout = Duration::from_secs(args.trial_timeout.unwrap_or(config.trial_timeout_s).max(1));
+    let timeout = Duration::from_secs(args.trial_timeout.unwrap_or(config.trial_timeout_s));
     let names: Vec<String> = plan.names();
     // Trials whose implementation is known broken (its module hung when the configuration
     // was checked) are recorded here as errors: no worker exports it again.

@@ -40,10 +40,10 @@ pub struct SweepArgs {
     #[arg(long = "set")]
     pub set: Vec<String>,
     /// Memory budget (default: the implementation's tpu-aot entry in the configuration).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::numbers::ratio_at_least_one)]
     pub max_peak_over_floor: Option<f64>,
     /// Speed budget against jax_baseline's roofline (default: the configured entry's).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::numbers::positive)]
     pub max_roofline_over_baseline: Option<f64>,
     /// Where the exporter imports a `module:attribute` implementation from.
     #[arg(long)]

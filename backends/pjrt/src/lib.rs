@@ -20,6 +20,7 @@ mod buffer;
 mod client;
 mod compile;
 mod device;
+mod elf;
 mod error;
 mod event;
 mod executable;

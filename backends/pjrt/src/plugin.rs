@@ -120,6 +120,8 @@ impl Plugin {
             path: path.to_path_buf(),
             message,
         };
+        // A file cut short would be mapped past its end: SIGBUS, naming no file.
+        crate::elf::check_complete(path).map_err(load_err)?;
         // SAFETY: loading a shared library runs its initializers; PJRT plugins
         // are designed to be dlopen'ed.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| load_err(e.to_string()))?;

@@ -17,6 +17,7 @@ pub struct PjrtCpuConfig {
     #[serde(default)]
     pub cpu_device_count: Option<i64>,
     /// Implementations to run, in order.
+    #[serde(deserialize_with = "crate::config::impl_list")]
     pub implementations: Vec<ImplEntry>,
 }
 
@@ -30,6 +31,7 @@ pub struct TpuAotConfig {
     /// Topologies to compile for, e.g. `v6e:2x2`, `v5e:2x2`, `v6e:2x4`.
     pub topologies: Vec<String>,
     /// Implementations to compile, with their `max_peak_over_floor` budgets.
+    #[serde(deserialize_with = "crate::config::impl_list")]
     pub implementations: Vec<ImplEntry>,
 }
 
@@ -41,6 +43,7 @@ pub struct PjrtTpuConfig {
     #[serde(default)]
     pub plugin: Option<PathBuf>,
     /// Implementations to run, with their `max_peak_over_floor` budgets.
+    #[serde(deserialize_with = "crate::config::impl_list")]
     pub implementations: Vec<ImplEntry>,
 }
 

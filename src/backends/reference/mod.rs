@@ -23,6 +23,7 @@ use std::time::Instant;
 #[serde(deny_unknown_fields)]
 pub struct ReferenceConfig {
     /// Of `oracle`, `naive_f32` (no options).
+    #[serde(deserialize_with = "crate::config::impl_list")]
     pub implementations: Vec<ImplEntry>,
 }
 
