@@ -24,18 +24,56 @@ pub enum Mutation {
     IgnoreMask,
     /// Masked mean divides by Σm without the max(·, 1) guard (NaN on an all-masked row).
     NoEmptyRowGuard,
+    /// Tier sentinel: the loss 20× the standard tier's relative bound (1e-5) too large.
+    LossOff20xTier,
+    /// Tier sentinel: per-token logp and entropy 20× the standard per-token bound (1e-5)
+    /// too large, relative.
+    PerTokenOff20xTier,
+    /// Tier sentinel: dlogits 20× the standard f32 gradient bound (1e-4) too large, on f32
+    /// cases only.
+    DlogitsF32Off20xTier,
+    /// Tier sentinel: dlogits 20× the standard f16 gradient bound (2e-3) too large, on f16
+    /// cases only.
+    DlogitsF16Off20xTier,
+    /// Tier sentinel: dlogits 20× the standard bf16 gradient bound (8e-3) too large, on
+    /// bf16 cases only.
+    DlogitsBf16Off20xTier,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 6] = [
+    pub const ALL: [Mutation; 11] = [
         Mutation::NoTemperatureInGradient,
         Mutation::DropLastPartialTile,
         Mutation::Bf16Logp,
         Mutation::NoClipInGradient,
         Mutation::IgnoreMask,
         Mutation::NoEmptyRowGuard,
+        Mutation::LossOff20xTier,
+        Mutation::PerTokenOff20xTier,
+        Mutation::DlogitsF32Off20xTier,
+        Mutation::DlogitsF16Off20xTier,
+        Mutation::DlogitsBf16Off20xTier,
     ];
+
+    /// A tier sentinel's relative error on `case`: which outputs, by how much. The numbers
+    /// are the documented standard bounds × 20 written out here, not read from
+    /// `gates::tiers`: a tier loosened 20× or more there lets the sentinel pass every case,
+    /// and its should-fail trial fails.
+    fn tier_offset(self, case: &Case) -> Option<(&'static [OutputName], f32)> {
+        use OutputName::*;
+        let dl = |dtype: crate::spec::DType, rel: f32| {
+            (case.dtype == dtype).then_some((&[Dlogits][..], rel))
+        };
+        match self {
+            Mutation::LossOff20xTier => Some((&[Loss], 20.0 * 1e-5)),
+            Mutation::PerTokenOff20xTier => Some((&[PerTokenLogp, Entropy], 20.0 * 1e-5)),
+            Mutation::DlogitsF32Off20xTier => dl(crate::spec::DType::F32, 20.0 * 1e-4),
+            Mutation::DlogitsF16Off20xTier => dl(crate::spec::DType::F16, 20.0 * 2e-3),
+            Mutation::DlogitsBf16Off20xTier => dl(crate::spec::DType::Bf16, 20.0 * 8e-3),
+            _ => None,
+        }
+    }
 
     /// The variant's name (as in `naive_f32+<name>`).
     pub fn name(self) -> String {
@@ -235,6 +273,13 @@ impl NaiveF32 {
         out.insert(OutputName::Clipped, bt.clone(), clipped);
         out.insert(OutputName::Entropy, bt, stats.iter().map(|s| s.2).collect());
         out.insert(OutputName::Dlogits, vec![b_n, t_n, v], dlogits);
+        if let Some((outputs, rel)) = mu.and_then(|m| m.tier_offset(case)) {
+            for o in outputs {
+                for x in &mut out.tensors.get_mut(o).expect("inserted above").data {
+                    *x *= 1.0 + rel;
+                }
+            }
+        }
         out
     }
 }
