@@ -72,6 +72,34 @@ def fused_logits(hidden, lm_head, logits_dtype: str):
     return z
 
 
+@jax.custom_vjp
+def _logits_f32_dhidden(hidden, lm_head):
+    """hidden @ lm_head accumulated in f32, for ``hidden`` in f32 holding values of
+    lm_head's (narrower) dtype. Its cotangent w.r.t. hidden comes back in f32, unrounded
+    (interface.per_token's promise: the vocab-parallel wrapper sums the shards' partials
+    in f32 and rounds once); the plain graph would round it to lm_head's dtype."""
+    return jnp.einsum("bth,hv->btv", hidden.astype(lm_head.dtype), lm_head,
+                      preferred_element_type=f32)
+
+
+def _logits_f32_dhidden_fwd(hidden, lm_head):
+    return _logits_f32_dhidden(hidden, lm_head), (hidden, lm_head)
+
+
+def _logits_f32_dhidden_bwd(res, dz):
+    hidden, lm_head = res
+    # The same contractions as the plain graph's transpose, without the final rounding of
+    # dhidden; dlm_head is rounded to its dtype as before.
+    dh = jax.lax.dot_general(dz, lm_head, (((2,), (1,)), ((), ())),
+                             preferred_element_type=f32)
+    dw = jax.lax.dot_general(hidden.astype(lm_head.dtype), dz, (((0, 1), (0, 1)), ((), ())),
+                             preferred_element_type=f32)
+    return dh.astype(hidden.dtype), dw.astype(lm_head.dtype)
+
+
+_logits_f32_dhidden.defvjp(_logits_f32_dhidden_fwd, _logits_f32_dhidden_bwd)
+
+
 def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
     """The case's function: all SPEC inputs in order -> (loss, metrics..., gradients...)."""
     del options  # no options
@@ -127,7 +155,12 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
         return f
 
     def f_fused(hidden, lm_head, chosen_ids, valid_v=None, with_lse=False):
-        z = fused_logits(hidden, lm_head, k.logits_dtype)
+        if hidden.dtype == f32 and lm_head.dtype != f32:
+            z = _logits_f32_dhidden(hidden, lm_head)
+            if k.logits_dtype == "input":
+                z = round_to(z, lm_head.dtype)
+        else:
+            z = fused_logits(hidden, lm_head, k.logits_dtype)
         if valid_v is not None:
             col = jax.lax.broadcasted_iota(jnp.int32, z.shape, z.ndim - 1)
             z = jnp.where(col < valid_v, z, pad_value(jnp.float32))
