@@ -183,11 +183,13 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
         for (_, path, now, _, _) in &changes {
             golden::store(path, now)?;
         }
-        eprintln!(
-            "wrote {} golden files under {}",
-            changes.len(),
-            dir.display()
-        );
+        if !changes.is_empty() || refused.is_empty() {
+            eprintln!(
+                "wrote {} golden files under {}",
+                changes.len(),
+                dir.display()
+            );
+        }
         if suite == Suite::Full {
             for o in golden::orphans(&dir, &matrix.suite(Suite::Full)) {
                 eprintln!(
