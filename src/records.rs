@@ -42,17 +42,22 @@ pub struct Record<'a> {
     pub code_digest: Option<&'a str>,
 }
 
+/// Opens `path` for appending, creating it and its directory.
+fn open_append(path: &Path) -> Result<File> {
+    if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open record file {}", path.display()))
+}
+
 impl RecordWriter {
     /// Creates (or appends to) `path`, creating its directory.
     pub fn open(path: &Path) -> Result<RecordWriter> {
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-        }
-        let f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("cannot open record file {}", path.display()))?;
+        let f = open_append(path)?;
         Ok(RecordWriter {
             path: path.to_path_buf(),
             out: BufWriter::new(f),
@@ -111,14 +116,7 @@ impl SingleWriter {
     /// Takes the lock on `path` (created if missing), or fails in one line naming the
     /// process that holds it.
     pub fn take(path: &Path) -> Result<SingleWriter> {
-        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-        }
-        let f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("cannot open record file {}", path.display()))?;
+        let f = open_append(path)?;
         #[cfg(target_os = "linux")]
         {
             use std::os::unix::io::AsRawFd;

@@ -185,6 +185,14 @@ pub struct PyEnv {
 }
 
 impl PyEnv {
+    /// `python -m grpo_jax.export --protocol N <mode...>` in this environment.
+    fn exporter(&self, mode: &[&str]) -> Command {
+        let mut c = self.command();
+        c.args(["-m", "grpo_jax.export", "--protocol", &PROTOCOL.to_string()])
+            .args(mode);
+        c
+    }
+
     /// A command running this interpreter with the extra import directories.
     fn command(&self) -> Command {
         let mut c = Command::new(&self.python);
@@ -470,17 +478,8 @@ pub fn export_batch(
     let mut pending: Vec<usize> = (0..work.len()).collect();
     while !pending.is_empty() {
         let input: String = pending.iter().map(|&k| format!("{}\n", lines[k])).collect();
-        let mut cmd = env.command();
-        cmd.args([
-            "-m",
-            "grpo_jax.export",
-            "--protocol",
-            &PROTOCOL.to_string(),
-            "--requests",
-            "-",
-            "--cache-dir",
-        ])
-        .arg(cache_dir);
+        let mut cmd = env.exporter(&["--requests", "-", "--cache-dir"]);
+        cmd.arg(cache_dir);
         let mut answers: Vec<String> = Vec::new();
         let mut ready = false;
         let (ended, tail) = supervised(cmd, input, startup_limit(), limit, |said| match said {
@@ -772,14 +771,7 @@ impl Exporter {
     pub fn list_impls(&self) -> Result<Vec<ImplInfo>> {
         let env = &self.default_env;
         let out = env
-            .command()
-            .args([
-                "-m",
-                "grpo_jax.export",
-                "--protocol",
-                &PROTOCOL.to_string(),
-                "--list-impls",
-            ])
+            .exporter(&["--list-impls"])
             .stderr(Stdio::piped())
             .output()
             .with_context(|| format!("cannot start the exporter {}", env.describe()))?;
@@ -853,24 +845,10 @@ impl Exporter {
         let body = serde_json::to_string(&entries)?;
         let cacheable = *env == self.default_env && impls.iter().all(|i| !i.is_external());
         let cached = cacheable.then(|| {
-            let mut key_src = format!("{}\n{PROTOCOL}\n{body}\n", env.python.display());
-            let pkg = crate::repo_root().join("backends/jax/grpo_jax");
-            let mut files = Vec::new();
-            let mut stack = vec![pkg];
-            while let Some(d) = stack.pop() {
-                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-                    let p = e.path();
-                    if p.is_dir() {
-                        stack.push(p);
-                    } else if p.extension().is_some_and(|x| x == "py") {
-                        files.push(p);
-                    }
-                }
-            }
-            files.sort();
-            for f in &files {
-                key_src.push_str(&std::fs::read_to_string(f).unwrap_or_default());
-            }
+            let sources = crate::run_identity::python_sources_digest(&[
+                crate::repo_root().join("backends/jax/grpo_jax")
+            ]);
+            let key_src = format!("{}\n{PROTOCOL}\n{body}\n{sources}", env.python.display());
             let key = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(key_src.as_bytes()));
             self.cache_dir.join(format!("config-check-{key}.json"))
         });
@@ -891,14 +869,7 @@ impl Exporter {
         let mut whole = true;
         while !pending.is_empty() {
             let part: Vec<&serde_json::Value> = pending.iter().map(|&k| &entries[k]).collect();
-            let mut cmd = env.command();
-            cmd.args([
-                "-m",
-                "grpo_jax.export",
-                "--protocol",
-                &PROTOCOL.to_string(),
-                "--check-config",
-            ]);
+            let cmd = env.exporter(&["--check-config"]);
             let mut stdout = String::new();
             let mut current: Option<usize> = None;
             let (ended, tail) = supervised(
