@@ -74,7 +74,10 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            format!("cannot write {}: disk full; the old file is unchanged", p.display())
+            format!(
+                "cannot write {}: disk full; the old file is unchanged",
+                p.display()
+            )
         );
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "old contents\n");
         let left: Vec<_> = std::fs::read_dir(d.path()).unwrap().collect();

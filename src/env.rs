@@ -120,7 +120,10 @@ pub fn python() -> Result<Option<PathBuf>> {
                 .map(|v| std::env::split_paths(&v).any(|d| d.join(&p).is_file()))
                 .unwrap_or(false);
             if !on_path {
-                bail!("{PYTHON}={} is neither a file nor a command on PATH; fix or unset it", p.display());
+                bail!(
+                    "{PYTHON}={} is neither a file nor a command on PATH; fix or unset it",
+                    p.display()
+                );
             }
             Ok(Some(p))
         }

@@ -149,7 +149,11 @@ impl RunIdentity {
         };
         let show = |o: Option<String>| o.unwrap_or_else(|| "none".into());
         differs("suite", show(r.suite.clone()), self.suite.clone())?;
-        differs("config digest", config_digest.clone(), self.config_digest.clone())?;
+        differs(
+            "config digest",
+            config_digest.clone(),
+            self.config_digest.clone(),
+        )?;
         differs(
             "tolerance scale (GRPO_TOL_SCALE)",
             show(r.tol_scale.map(|x| x.to_string())),
@@ -234,12 +238,30 @@ mod tests {
         let p = Path::new("r.jsonl");
         id.check(p, 1, &recorded(&id)).unwrap();
         let cases: Vec<(&str, Box<dyn Fn(&mut RecordedIdentity)>)> = vec![
-            ("suite differs", Box::new(|r| r.suite = Some("smoke".into()))),
-            ("config digest differs", Box::new(|r| r.config_digest = Some("xxh3:2".into()))),
-            ("tolerance scale (GRPO_TOL_SCALE) differs (records: 2;", Box::new(|r| r.tol_scale = Some(2.0))),
-            ("oracle version differs", Box::new(|r| r.oracle_version = Some(1))),
-            ("generator version differs", Box::new(|r| r.generator_version = Some(2))),
-            ("the code of implementation jax_baseline differs", Box::new(|r| r.code_digest = Some("xxh3:b".into()))),
+            (
+                "suite differs",
+                Box::new(|r| r.suite = Some("smoke".into())),
+            ),
+            (
+                "config digest differs",
+                Box::new(|r| r.config_digest = Some("xxh3:2".into())),
+            ),
+            (
+                "tolerance scale (GRPO_TOL_SCALE) differs (records: 2;",
+                Box::new(|r| r.tol_scale = Some(2.0)),
+            ),
+            (
+                "oracle version differs",
+                Box::new(|r| r.oracle_version = Some(1)),
+            ),
+            (
+                "generator version differs",
+                Box::new(|r| r.generator_version = Some(2)),
+            ),
+            (
+                "the code of implementation jax_baseline differs",
+                Box::new(|r| r.code_digest = Some("xxh3:b".into())),
+            ),
             ("no run identity", Box::new(|r| r.config_digest = None)),
         ];
         for (want, change) in cases {

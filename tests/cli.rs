@@ -380,7 +380,10 @@ fn an_unavailable_backend_lists_its_trials_ignored_and_a_required_one_fails() {
     let (o, _d) = run_with(
         cfg,
         &["--suite", "smoke"],
-        &[("GRPO_REQUIRE_BACKENDS", "reference,pjrt-cpu"), ("GRPO_ROOT", r)],
+        &[
+            ("GRPO_REQUIRE_BACKENDS", "reference,pjrt-cpu"),
+            ("GRPO_ROOT", r),
+        ],
     );
     assert_eq!(o.status.code(), Some(2));
     assert!(
@@ -1466,7 +1469,11 @@ fn a_golden_update_that_cannot_write_leaves_the_old_file_intact() {
             && e.contains("the old file is unchanged"),
         "{e}"
     );
-    assert_eq!(std::fs::read(&target).unwrap(), before, "the golden file was changed");
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        before,
+        "the golden file was changed"
+    );
     let siblings: Vec<String> = std::fs::read_dir(target.parent().unwrap())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -207,7 +207,10 @@ fn resume_skips_recorded_trials_and_tolerates_a_cut_last_line() {
     ] {
         let o = run_with(dir.path(), &so, &args, &env, tail);
         let err = String::from_utf8_lossy(&o.stderr);
-        let err = err.lines().filter(|l| !l.starts_with("note: ")).collect::<Vec<_>>();
+        let err = err
+            .lines()
+            .filter(|l| !l.starts_with("note: "))
+            .collect::<Vec<_>>();
         assert_eq!(o.status.code(), Some(2), "{err:?}");
         assert_eq!(err.len(), 1, "{err:?}");
         assert!(
@@ -239,7 +242,13 @@ fn processes_with_state(state: &Path) -> Vec<u32> {
         .filter(|&pid| pid != me)
         .filter(|pid| {
             let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+                .map(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                })
                 .unwrap_or(true);
             !zombie
                 && std::fs::read(format!("/proc/{pid}/environ"))
@@ -295,7 +304,10 @@ fn a_records_file_has_one_writer_and_workers_end_with_their_run() {
     let err = String::from_utf8_lossy(&o.stderr);
     let cleanup = |why: String| -> ! {
         for p in processes_with_state(&state) {
-            Command::new("kill").args(["-9", &p.to_string()]).status().ok();
+            Command::new("kill")
+                .args(["-9", &p.to_string()])
+                .status()
+                .ok();
         }
         panic!("{why}");
     };
@@ -323,9 +335,7 @@ fn a_records_file_has_one_writer_and_workers_end_with_their_run() {
             break;
         }
         if t0.elapsed().as_secs() >= 5 {
-            cleanup(format!(
-                "processes of the run outlived it by 5 s: {left:?}"
-            ));
+            cleanup(format!("processes of the run outlived it by 5 s: {left:?}"));
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }

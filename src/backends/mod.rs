@@ -276,24 +276,45 @@ impl BackendsConfig {
     /// unavailable.)
     pub fn check_paths(&self, origin: &str) -> Result<()> {
         let plugins = [
-            ("pjrt-cpu", self.pjrt_cpu.as_ref().and_then(|c| c.plugin.as_ref())),
-            ("tpu-aot", self.tpu_aot.as_ref().and_then(|c| c.plugin.as_ref())),
-            ("pjrt-tpu", self.pjrt_tpu.as_ref().and_then(|c| c.plugin.as_ref())),
+            (
+                "pjrt-cpu",
+                self.pjrt_cpu.as_ref().and_then(|c| c.plugin.as_ref()),
+            ),
+            (
+                "tpu-aot",
+                self.tpu_aot.as_ref().and_then(|c| c.plugin.as_ref()),
+            ),
+            (
+                "pjrt-tpu",
+                self.pjrt_tpu.as_ref().and_then(|c| c.plugin.as_ref()),
+            ),
         ];
         for (b, p) in plugins {
             if let Some(p) = p {
                 if p.is_dir() {
-                    anyhow::bail!("{origin}: backend `{b}`: plugin {} is a directory, not a shared library", p.display());
+                    anyhow::bail!(
+                        "{origin}: backend `{b}`: plugin {} is a directory, not a shared library",
+                        p.display()
+                    );
                 }
                 if !p.is_file() {
-                    anyhow::bail!("{origin}: backend `{b}`: plugin {} does not exist", p.display());
+                    anyhow::bail!(
+                        "{origin}: backend `{b}`: plugin {} does not exist",
+                        p.display()
+                    );
                 }
             }
         }
         let lists = [
-            ("pjrt-cpu", self.pjrt_cpu.as_ref().map(|c| &c.implementations)),
+            (
+                "pjrt-cpu",
+                self.pjrt_cpu.as_ref().map(|c| &c.implementations),
+            ),
             ("tpu-aot", self.tpu_aot.as_ref().map(|c| &c.implementations)),
-            ("pjrt-tpu", self.pjrt_tpu.as_ref().map(|c| &c.implementations)),
+            (
+                "pjrt-tpu",
+                self.pjrt_tpu.as_ref().map(|c| &c.implementations),
+            ),
         ];
         for (b, list) in lists {
             for imp in crate::config::enabled(list.map(Vec::as_slice).unwrap_or(&[])) {

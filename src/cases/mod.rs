@@ -220,7 +220,11 @@ impl Case {
             }
             Level::Fused => {
                 let h = self.shape.h.unwrap_or(1) as f64;
-                let sigma = if self.profile == DataProfile::Large { 30.0 } else { sigma };
+                let sigma = if self.profile == DataProfile::Large {
+                    30.0
+                } else {
+                    sigma
+                };
                 let hidden = DEVIATE * crate::inputs::HOSTILE_HIDDEN_SCALE as f64;
                 let head = DEVIATE * sigma / h.sqrt();
                 (hidden.max(head), h * hidden * head)

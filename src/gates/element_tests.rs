@@ -87,10 +87,18 @@ fn assert_caught(p: &Prepared, reports: &[GateReport], out: OutputName, i: usize
                 r.message
             );
         } else {
-            assert!(r.passed || !r.provided, "{what}: {} failed: {}", r.output, r.message);
+            assert!(
+                r.passed || !r.provided,
+                "{what}: {} failed: {}",
+                r.output,
+                r.message
+            );
         }
     }
-    assert!(reports.iter().any(|r| r.output == out), "{what}: {out} not judged");
+    assert!(
+        reports.iter().any(|r| r.output == out),
+        "{what}: {out} not judged"
+    );
 }
 
 /// Flat positions of an output worth testing: first, middle, last (and for a flag, the
@@ -150,12 +158,24 @@ fn a_wrong_shape_or_a_missing_output_fails() {
             missing.tensors.remove(&out);
             for (what, got, want) in [
                 ("short", &short, "elements), expected"),
-                ("reshaped", &reshaped, &format!("expected {shape:?}") as &str),
-                ("missing", &missing, "missing from the implementation's outputs"),
+                (
+                    "reshaped",
+                    &reshaped,
+                    &format!("expected {shape:?}") as &str,
+                ),
+                (
+                    "missing",
+                    &missing,
+                    "missing from the implementation's outputs",
+                ),
             ] {
                 let r = judge(&p.case, &p.inputs, &p.oracle, got);
                 let g = r.iter().find(|g| g.output == out).unwrap();
-                assert!(!g.passed && g.message.contains(want), "{what} {out}: {}", g.message);
+                assert!(
+                    !g.passed && g.message.contains(want),
+                    "{what} {out}: {}",
+                    g.message
+                );
             }
             // Invariance: a different shape from the one-device run, or no output.
             for got in [&reshaped, &missing] {
