@@ -592,6 +592,9 @@ impl Plan {
             warmup: 0,
             repeats: 0,
         };
+        if m.is_invariance_sentinel() {
+            return self.invariance_sentinel(o, m);
+        }
         for case in &self.cases {
             if case.compile_only || self.reference.supports(i, case).is_err() {
                 continue;
@@ -612,6 +615,46 @@ impl Plan {
             "{} is a deliberately wrong variant but it passed every case of the suite",
             m.name()
         ));
+        o
+    }
+}
+
+impl Plan {
+    /// An invariance sentinel over the suite's multi-device cases: the honest one-device
+    /// outputs against the variant's multi-device ones, judged by the invariance gate
+    /// alone (the oracle gates would catch the same offset and hide a loosened invariance
+    /// bound). Caught when a gate fails; a suite without such a case fails the trial.
+    fn invariance_sentinel(&self, mut o: TrialOutcome, m: Mutation) -> TrialOutcome {
+        let naive = backends::reference::NaiveF32 { mutation: Some(m) };
+        let mut tried = 0;
+        for case in &self.cases {
+            if case.compile_only || case.devices <= 1 || naive.supports(case).is_err() {
+                continue;
+            }
+            tried += 1;
+            let prep = Prepared::new(case);
+            let one = naive.run(&case.one_device_twin(), &prep.inputs);
+            let got = naive.run(case, &prep.inputs);
+            let gates =
+                crate::gates::judge_invariance(case, &prep.inputs, &prep.oracle, &got, &one);
+            if let Some(g) = gates.iter().find(|g| !g.passed) {
+                o.detail = Some(format!("caught on {}: {}", case.id, g.message));
+                return o;
+            }
+        }
+        o.verdict = Verdict::Fail;
+        o.detail = Some(if tried == 0 {
+            format!(
+                "{}: the suite has no multi-device logits case to judge it on",
+                m.name()
+            )
+        } else {
+            format!(
+                "{} is a deliberately wrong variant but the invariance gate passed it on every \
+                 one of {tried} multi-device cases",
+                m.name()
+            )
+        });
         o
     }
 }

@@ -38,11 +38,19 @@ pub enum Mutation {
     /// Tier sentinel: dlogits 20× the standard bf16 gradient bound (8e-3) too large, on
     /// bf16 cases only.
     DlogitsBf16Off20xTier,
+    /// Invariance sentinel: on multi-device cases only, the loss, per-token logp and
+    /// entropy 20× the invariance bound (the standard f32 bound, 1e-5) off the one-device
+    /// run, relative. Judged by the invariance gate alone.
+    InvarianceLossOff20xBound,
+    /// Invariance sentinel: on multi-device cases only, dlogits 20× the gradient
+    /// invariance bound off the one-device run (f32 1e-4; bf16 and f16 one ulp of the
+    /// largest element, 2u). Judged by the invariance gate alone.
+    InvarianceDlogitsOff20xBound,
 }
 
 impl Mutation {
     /// Every mutation.
-    pub const ALL: [Mutation; 11] = [
+    pub const ALL: [Mutation; 13] = [
         Mutation::NoTemperatureInGradient,
         Mutation::DropLastPartialTile,
         Mutation::Bf16Logp,
@@ -54,12 +62,23 @@ impl Mutation {
         Mutation::DlogitsF32Off20xTier,
         Mutation::DlogitsF16Off20xTier,
         Mutation::DlogitsBf16Off20xTier,
+        Mutation::InvarianceLossOff20xBound,
+        Mutation::InvarianceDlogitsOff20xBound,
     ];
 
-    /// A tier sentinel's relative error on `case`: which outputs, by how much. The numbers
-    /// are the documented standard bounds × 20 written out here, not read from
-    /// `gates::tiers`: a tier loosened 20× or more there lets the sentinel pass every case,
-    /// and its should-fail trial fails.
+    /// Whether this is an invariance sentinel: wrong only on multi-device cases, and
+    /// caught only if the invariance gate (multi-device against one device) fails.
+    pub fn is_invariance_sentinel(self) -> bool {
+        matches!(
+            self,
+            Mutation::InvarianceLossOff20xBound | Mutation::InvarianceDlogitsOff20xBound
+        )
+    }
+
+    /// A tier or invariance sentinel's relative error on `case`: which outputs, by how
+    /// much. The numbers are the documented standard (or invariance) bounds × 20 written
+    /// out here, not read from `gates::tiers` or `gates::invariance`: a bound loosened 20×
+    /// or more there lets the sentinel pass every case, and its should-fail trial fails.
     fn tier_offset(self, case: &Case) -> Option<(&'static [OutputName], f32)> {
         use OutputName::*;
         let dl = |dtype: crate::spec::DType, rel: f32| {
@@ -71,6 +90,18 @@ impl Mutation {
             Mutation::DlogitsF32Off20xTier => dl(crate::spec::DType::F32, 20.0 * 1e-4),
             Mutation::DlogitsF16Off20xTier => dl(crate::spec::DType::F16, 20.0 * 2e-3),
             Mutation::DlogitsBf16Off20xTier => dl(crate::spec::DType::Bf16, 20.0 * 8e-3),
+            _ if case.devices <= 1 => None,
+            Mutation::InvarianceLossOff20xBound => {
+                Some((&[Loss, PerTokenLogp, Entropy], 20.0 * 1e-5))
+            }
+            Mutation::InvarianceDlogitsOff20xBound => {
+                let two_ulp = |bits: i32| 2.0 * 2f32.powi(-bits);
+                Some(match case.dtype {
+                    crate::spec::DType::F32 => (&[Dlogits][..], 20.0 * 1e-4),
+                    crate::spec::DType::F16 => (&[Dlogits][..], 20.0 * two_ulp(11)),
+                    crate::spec::DType::Bf16 => (&[Dlogits][..], 20.0 * two_ulp(8)),
+                })
+            }
             _ => None,
         }
     }
