@@ -107,3 +107,37 @@ def test_bf16_rounding_by_bits_matches_a_bf16_convert():
     want = x.astype(ml_dtypes.bfloat16).astype(np.float32)
     got = np.asarray(_round_to_bf16(jnp.asarray(x)))
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("options", [
+    dict(SMALL, oob_fill="finite"),
+    dict(SMALL, oob_fill="finite", lm_head_layout="vh"),
+    dict(block_tokens=128, block_v=256, oob_fill="finite"),  # lane-major rows, 1 partial block
+])
+def test_finite_garbage_past_the_edges(dtype, options):
+    """oob_fill "finite": the out-of-bounds rows and columns of the edge blocks hold finite
+    garbage (as a TPU's memory may) instead of interpret mode's NaN; the masks must keep
+    them out of every output, so the result still matches the oracle."""
+    assert _check(dtype, dict(KNOB_SETS["grpo_token_beta"], logits_dtype="f32"), options) == []
+
+
+def test_finite_garbage_is_finite_and_deterministic():
+    from grpo_jax.impls.pallas_fused import finite_garbage
+    import jax.numpy as jnp
+    a = np.asarray(finite_garbage((5, 7), jnp.float32, 2, 1000))
+    b = np.asarray(finite_garbage((5, 7), jnp.float32, 2, 1000))
+    ids = np.asarray(finite_garbage((64, 1), jnp.int32, 1, 1000))
+    assert np.isfinite(a).all() and (a == b).all() and np.abs(a).max() <= 2.0
+    assert len(np.unique(a)) > 20, "garbage, not a constant"
+    assert ids.min() >= 0 and ids.max() < 1000 and len(np.unique(ids)) > 30
+
+
+def test_finite_fill_is_refused_for_mosaic():
+    impl = get("pallas_fused")
+    problem = Problem("fused", 1, 8, 1024, 128, "bf16", platform="tpu")
+    reason = impl.support_reason(problem, Knobs.from_json({}),
+                                 impl.check_options({"oob_fill": "finite"}))
+    assert reason is not None and "interpret mode" in reason
+    with pytest.raises(RequestError, match="oob_fill"):
+        impl.check_options({"oob_fill": "zeros"})

@@ -58,6 +58,12 @@ auto = ``tpu_layout.tpu_default_order`` on tpu, "hv" elsewhere).
   bwd_dz_dtype     "input" | "f32": dz's dtype in the backward matmuls
   vmem_limit_bytes null   Mosaic scoped-VMEM limit per kernel; null = twice the estimated
                           working set, at least 32 MiB, at most 100 MiB (v5e/v6e have 128)
+  oob_fill     "unspecified" | "finite": what the out-of-bounds part of an edge block
+                          holds. "unspecified" leaves it to the backend (NaN in interpret
+                          mode, whatever is in memory on TPU). "finite" (interpret mode
+                          only, a test aid) pads every operand to whole blocks with finite
+                          garbage, as a TPU may hold, so that a missing row or column mask
+                          shows on values rather than only through NaN.
 """
 
 from __future__ import annotations
@@ -420,7 +426,30 @@ def dlm_head_cost(plan: Plan, hidden_dtype=None) -> pl.CostEstimate:
         bytes_accessed=hd.itemsize * plan.voc_tiles * n * h + it * 2 * h * v + plan.voc_tiles * rows)
 
 
-def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional[int]):
+def finite_garbage(shape, dtype, salt: int, v: int):
+    """Deterministic finite filler for out-of-bounds block parts ("oob_fill": "finite"):
+    floats in [-2, 2), integers in [0, v) (ids of real columns)."""
+    i = jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
+    for ax in range(1, len(shape)):
+        i = i * jnp.uint32(shape[ax]) + jax.lax.broadcasted_iota(jnp.uint32, shape, ax)
+    x = ((i + jnp.uint32(salt)) * jnp.uint32(2654435761)) >> 16  # Knuth's multiplicative hash
+    if jnp.issubdtype(dtype, jnp.floating):
+        return (x.astype(f32) / 16384.0 - 2.0).astype(dtype)
+    return (x % jnp.uint32(max(v, 1))).astype(dtype)
+
+
+def _pad_axis(x, axis: int, size: int, salt: int, v: int):
+    """x padded on ``axis`` up to ``size`` with ``finite_garbage``."""
+    extra = size - x.shape[axis]
+    if extra <= 0:
+        return x
+    shape = list(x.shape)
+    shape[axis] = extra
+    return jnp.concatenate([x, finite_garbage(tuple(shape), x.dtype, salt, v)], axis=axis)
+
+
+def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional[int],
+                      oob_fill: str = "unspecified"):
     """(hidden2 [N, H], W, ids, valid) -> (logp, entropy, lse), with ids and the outputs
     [1, N] rows when plan.lane_rows, else [N, 1] columns; with
     SPEC's VJP in logp and lse's own (entropy carries no gradient). W is lm_head [H, V], or lm_head.T if vocab_major."""
@@ -441,6 +470,19 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
     def pre(valid):  # the SMEM count, first operand of every kernel (vocab shards)
         return [valid.reshape(1).astype(jnp.int32)] if plan.dynamic_valid else []
 
+    # oob_fill "finite": operands padded to whole blocks (tokens and vocab tiles) with
+    # finite garbage; the kernels still mask by plan.n and plan.v.
+    finite = oob_fill == "finite"
+    n_pad, v_pad = plan.tok_blocks * bt, plan.voc_tiles * bv
+    row_axis = 1 if plan.lane_rows else 0
+    w_axis = 0 if plan.vocab_major else 1
+
+    def tok(x, axis, salt):
+        return _pad_axis(x, axis, n_pad, salt, v) if finite else x
+
+    def voc(w):
+        return _pad_axis(w, w_axis, v_pad, 3, v) if finite else w
+
     def forward(hidden, w, ids, valid):
         return pl.pallas_call(
             functools.partial(_fwd_kernel, plan=plan),
@@ -453,7 +495,7 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
             cost_estimate=fwd_cost(plan, hidden.dtype),
             interpret=interpret,
             name="grpo_fused_fwd",
-        )(*pre(valid), ids, hidden, w)
+        )(*pre(valid), tok(ids, row_axis, 1), tok(hidden, 0, 2), voc(w))
 
     def dhidden(hidden, w, rows, valid):
         return pl.pallas_call(
@@ -467,24 +509,26 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
             cost_estimate=dhidden_cost(plan, hidden.dtype),
             interpret=interpret,
             name="grpo_fused_dhidden",
-        )(*pre(valid), rows, hidden, w)
+        )(*pre(valid), tok(rows, row_axis, 4), tok(hidden, 0, 2), voc(w))
 
     def dlm_head(hidden, w, rows, valid):
         thid = pl.BlockSpec((bt, h), lambda j, i: (i, 0))
         wspec = _w_spec(plan, lambda j, i: j)
         acc = (bv, h) if plan.vocab_major else (h, bv)
-        return pl.pallas_call(
+        w_in = voc(w)
+        out = pl.pallas_call(
             functools.partial(_dlm_head_kernel, plan=plan),
             grid=(plan.voc_tiles, plan.tok_blocks),
             in_specs=smem + [rows_of(1), thid, wspec],
             out_specs=wspec,
-            out_shape=jax.ShapeDtypeStruct(w.shape, w.dtype),
+            out_shape=jax.ShapeDtypeStruct(w_in.shape, w.dtype),
             scratch_shapes=[pltpu.VMEM(acc, f32)],
             compiler_params=_params(("parallel", "arbitrary"), limit),
             cost_estimate=dlm_head_cost(plan, hidden.dtype),
             interpret=interpret,
             name="grpo_fused_dlm_head",
-        )(*pre(valid), rows, hidden, w)
+        )(*pre(valid), tok(rows, row_axis, 4), tok(hidden, 0, 2), w_in)
+        return jax.lax.slice_in_dim(out, 0, v, axis=w_axis) if out.shape != w.shape else out
 
     @jax.custom_vjp
     def logp_entropy_lse(hidden, w, ids, valid):
@@ -525,6 +569,9 @@ def _validate_options(options: Mapping[str, Any]) -> None:
     if options["bwd_dz_dtype"] not in ("input", "f32"):
         raise RequestError(f"impl_options.bwd_dz_dtype must be 'input' or 'f32', "
                            f"got {options['bwd_dz_dtype']!r}")
+    if options["oob_fill"] not in ("unspecified", "finite"):
+        raise RequestError(f"impl_options.oob_fill must be 'unspecified' or 'finite', "
+                           f"got {options['oob_fill']!r}")
     limit = options["vmem_limit_bytes"]
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or not 0 < limit <= VMEM_LIMIT_MAX_BYTES):
@@ -556,6 +603,9 @@ def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[st
     _validate_options(options)
     if _interpret(p.platform, options):
         return None  # plain HLO: any block shape works
+    if options["oob_fill"] != "unspecified":
+        return ("oob_fill 'finite' pads the operands in HBM: a test aid of interpret mode, "
+                "not a TPU kernel")
     if p.platform != "tpu":
         return f"Mosaic (interpret=false) needs platform tpu, not {p.platform!r}"
     if p.dtype == "f16":
@@ -590,7 +640,7 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
             plan = make_plan(problem, k, options, dynamic_valid=dynamic)
             kernels[dynamic] = (plan, make_logp_entropy(
                 plan, interpret=_interpret(problem.platform, options),
-                vmem_limit_bytes=options["vmem_limit_bytes"]))
+                vmem_limit_bytes=options["vmem_limit_bytes"], oob_fill=options["oob_fill"]))
         return kernels[dynamic]
 
     def f(hidden, lm_head, chosen_ids, valid_v=None, with_lse=False):
@@ -617,7 +667,8 @@ IMPLEMENTATION = Implementation(
     build=build,
     capabilities=Capabilities(levels=frozenset({"fused"}), platforms=frozenset({"cpu", "tpu"})),
     default_options={"block_tokens": 256, "block_v": 512, "interpret": None,
-                     "lm_head_layout": None, "bwd_dz_dtype": "input", "vmem_limit_bytes": None},
+                     "lm_head_layout": None, "bwd_dz_dtype": "input", "vmem_limit_bytes": None,
+                     "oob_fill": "unspecified"},
     extra_check=extra_check,
     validate_options=_validate_options,
     per_token=per_token,
