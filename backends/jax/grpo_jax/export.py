@@ -298,7 +298,7 @@ def main(argv=None, *, private_stdout: bool = False) -> int:
     # flag when jax first initialises its backend.
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
+        os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=16").strip()
     if args.protocol is not None and args.protocol != PROTOCOL_VERSION:
         sys.stderr.write(
             f"protocol mismatch: the grpo_jax exporter in {sys.executable} speaks protocol "

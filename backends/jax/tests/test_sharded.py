@@ -137,3 +137,25 @@ def test_pallas_fused_lane_major_rows_sharded(sharding):
     knobs = Knobs.from_json(dict(KNOB_SETS["grpo_token_beta"], logits_dtype="input"))
     got = _run("pallas_fused", problem, knobs, inputs, 4, sharding, dict(block_tokens=128, block_v=256))
     assert compare(got, oracle(inputs, knobs.to_json(), "fused"), inputs["mask"], "bf16") == []
+
+
+@pytest.mark.parametrize("impl,options", [("jax_baseline", {}),
+                                          ("pallas_fused", dict(block_tokens=8, block_v=512))])
+def test_dhidden_partials_summed_in_bf16_fail_the_bf16_bound(impl, options):
+    """The ci case bf16-reduction-16 in small: 16 vocab shards, H = 512, bf16. The f32 sum
+    of the shards' dhidden partials (the contract) stays inside the suite's bf16 gradient
+    bound with room; the wrong variant that sums them in bf16 does not (worst element
+    against 8e-3 · max |dhidden|, the suite's max_rel rule)."""
+    problem = Problem("fused", 2, 16, 4099, 512, "bf16")
+    inputs = make_inputs(problem, 8)
+    knobs = Knobs.from_json(KNOB_SETS["grpo_token_beta"])
+    want = oracle(inputs, knobs.to_json(), "fused")["dhidden"]
+    bound = 8e-3 * np.abs(want).max()
+
+    def worst(**kw):
+        got = _run(impl, problem, knobs, inputs, 16, "vocab", options, **kw)["dhidden"]
+        return np.abs(got.astype(np.float64) - want).max() / bound
+
+    honest, wrong = worst(), worst(unsafe_bf16_reduction=True)
+    print(f"{impl}: honest {honest:.2f}x, bf16 sum {wrong:.2f}x the element bound")
+    assert honest < 0.7 and wrong > 1.2, (honest, wrong)

@@ -149,7 +149,8 @@ def shard_axis(spec: P) -> Optional[int]:
 
 
 def build(impl: Implementation, problem: Problem, k: Knobs, options: Mapping[str, Any],
-          devices: int, sharding: str, *, unsafe_local_normaliser: bool = False):
+          devices: int, sharding: str, *, unsafe_local_normaliser: bool = False,
+          unsafe_bf16_reduction: bool = False):
     """The case's function on ``devices`` devices (jit it with ``shardings``)."""
     m = mesh(devices)
     level, n = problem.level, devices
@@ -168,7 +169,8 @@ def build(impl: Implementation, problem: Problem, k: Knobs, options: Mapping[str
             return jax.shard_map(core, mesh=m, in_specs=tuple(in_specs[:nhead]) + (P(AXIS),),
                                  out_specs=(P(AXIS), P(AXIS)), check_vma=False)(*head_ids)
     elif level == "fused":
-        per_token = vocab_fused.make(impl, problem, k, options, m, AXIS, n)
+        per_token = vocab_fused.make(impl, problem, k, options, m, AXIS, n,
+                                     unsafe_bf16_reduction=unsafe_bf16_reduction)
     else:
         v_l = v_pad // n
 

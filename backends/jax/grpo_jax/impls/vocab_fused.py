@@ -65,9 +65,11 @@ def _over_chunks(n: int, c: int, body: Callable, carry):
 
 
 def make(impl, problem: Problem, k: Knobs, options: Mapping[str, Any], mesh, axis: str,
-         devices: int) -> Callable:
+         devices: int, *, unsafe_bf16_reduction: bool = False) -> Callable:
     """``per_token(hidden [B, T, H], lm_head [H, V_pad], ids [B, T]) -> (logp, entropy)``
-    for ``lm_head`` sharded on V over ``mesh``; columns >= problem.v are padding."""
+    for ``lm_head`` sharded on V over ``mesh``; columns >= problem.v are padding.
+    ``unsafe_bf16_reduction`` (test-only wrong variant): the dhidden partials are rounded
+    to bf16 and summed across shards in bf16, one rounding per shard added."""
     v = problem.v
     v_l = -(-v // devices)
     b, t, h = problem.b, problem.t, problem.h
@@ -121,7 +123,13 @@ def make(impl, problem: Problem, k: Knobs, options: Mapping[str, Any], mesh, axi
             _, vjp_h = jax.vjp(lambda x: core(x.reshape(1, size, h), w, piece(yf), valid,
                                               with_lse=True)[0::2], hs)
             (part,) = vjp_h((piece(gr), piece(gl)))
-            total = jax.lax.psum(part, axis)
+            if unsafe_bf16_reduction:  # the wrong variant: a shard-ordered bf16 sum
+                parts = jax.lax.all_gather(part.astype(jnp.bfloat16), axis)
+                total = parts[0]
+                for i in range(1, devices):
+                    total = total + parts[i]
+            else:
+                total = jax.lax.psum(part, axis)
             return jax.lax.dynamic_update_slice_in_dim(dh, total.astype(hidden.dtype), s, 0)
         dh = _over_chunks(n, c, dh_body, jnp.zeros((n, h), hidden.dtype))
         return dh.reshape(b, t, h), dw
