@@ -529,6 +529,8 @@ fn judge_dlogits(
 }
 
 #[cfg(test)]
+mod bound_tests;
+#[cfg(test)]
 mod element_tests;
 
 #[cfg(test)]
