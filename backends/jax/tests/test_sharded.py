@@ -159,3 +159,26 @@ def test_dhidden_partials_summed_in_bf16_fail_the_bf16_bound(impl, options):
     honest, wrong = worst(), worst(unsafe_bf16_reduction=True)
     print(f"{impl}: honest {honest:.2f}x, bf16 sum {wrong:.2f}x the element bound")
     assert honest < 0.7 and wrong > 1.2, (honest, wrong)
+
+
+def test_mixture_entropy_does_not_cancel():
+    """A row of the nightly adversarial-8 case (fused, |z|/τ ≈ 1000, 8 vocab shards): two
+    shards hold the mass, the row's entropy is 0.46 next to a logsumexp of 1056. The
+    combine must not subtract numbers of the size of lse (lse − Σ w_k (lse_k − H_k) was
+    3.6e-2 off here, 1.7× the suite's f32 bound of 1e-5·(|lse| + max|s|) ≈ 2.1e-2)."""
+    import jax.numpy as jnp
+    from grpo_jax.impls.vocab_fused import mixture_entropy
+    lse_k = np.array([929.404296875, 863.3331909179688, 773.9502563476562, 696.3427124023438,
+                      764.5384521484375, 865.88720703125, 1054.8870849609375,
+                      1056.450439453125], np.float32)
+    ent_k = np.array([0.0, 6.07e-13, 3.746e-5, 0.044044, 2.245e-9, 1.504e-9, 0.0, 0.0],
+                     np.float32)
+    top = lse_k.max()
+    lse = np.float32(top + np.log(np.sum(np.exp(lse_k.astype(np.float64) - top))))
+    got = float(mixture_entropy(jnp.asarray(lse_k)[:, None], jnp.asarray(ent_k)[:, None],
+                                jnp.asarray([lse]))[0])
+    l64 = np.log(np.sum(np.exp(lse_k.astype(np.float64) - top))) + top
+    log_w = lse_k.astype(np.float64) - l64
+    want = float(np.sum(np.exp(log_w) * (ent_k - log_w)))
+    assert abs(want - 0.4608) < 1e-3
+    assert abs(got - want) < 1e-3, (got, want)

@@ -21,8 +21,8 @@ Per shard k the core is called with every chosen id set to −1, which selects n
 exactly d lse_k / dz = softmax_k / τ (no cancellation of two large terms, which in bf16
 cost more than the tolerance when it was tried with a real column and s_0 − logp_0); the
 chosen logit is read from the shard that owns it. Across shards: lse = logsumexp_k lse_k
-(max-shifted), logp = c − lse, entropy = lse − Σ_k w_k (lse_k − ent_k) with
-w_k = exp(lse_k − lse). Logits level: this runs outside shard_map on global arrays and
+(max-shifted), logp = c − lse, entropy = Σ_k w_k (ent_k − log w_k) with
+w_k = exp(lse_k − lse) (``vocab_fused.mixture_entropy``: no cancellation). Logits level: this runs outside shard_map on global arrays and
 gradients flow through the core's own VJP. Fused level: ``vocab_fused`` (a custom VJP
 that sums the dhidden partials across shards in f32, chunk by chunk).
 
@@ -191,8 +191,7 @@ def build(impl: Implementation, problem: Problem, k: Knobs, options: Mapping[str
             top = jax.lax.stop_gradient(jnp.max(lse_k, axis=0))
             lse = top + jnp.log(jnp.sum(jnp.exp(lse_k - top), axis=0))
             logp = jnp.sum(c_k, axis=0) - lse
-            wk = jax.lax.stop_gradient(jnp.exp(lse_k - lse))
-            entropy = jax.lax.stop_gradient(lse - jnp.sum(wk * (lse_k - ent_k), axis=0))
+            entropy = jax.lax.stop_gradient(vocab_fused.mixture_entropy(lse_k, ent_k, lse))
             return logp, entropy
 
     loss_from_logp = None

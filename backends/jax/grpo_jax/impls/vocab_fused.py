@@ -11,7 +11,7 @@ no column: r = -lse_k).
 
 Forward (inside ``shard_map``): r_k, ent_k, lse_k; the owner's chosen logit is
 c_k = r_k + lse_k. Outside: lse = logsumexp_k lse_k, logp = sum_k c_k - lse, entropy from
-the log-sum-exp weights w_k = exp(lse_k - lse).
+the log-sum-exp weights w_k = exp(lse_k - lse) (``mixture_entropy``).
 
 Backward (``jax.custom_vjp``), g = d loss / d logp. logp = sum_k [k owns y](r_k + lse_k)
 - lse, so the cotangents are g_r = g [k owns y] on r_k and g_l = g_r - g w_k on lse_k;
@@ -45,6 +45,15 @@ f32 = jnp.float32
 # Bytes of one chunk's f32 dhidden partial (chunk_tokens * H * 4): small against any
 # per-chip floor that matters, large enough that the loop has few steps.
 CHUNK_BYTES = 2 << 20
+
+
+def mixture_entropy(lse_k, ent_k, lse):
+    """The row's entropy from its shards' (axis 0): with w_k = exp(lse_k − lse) the shard's
+    share of the probability, H = Σ_k w_k (H_k − log w_k), a sum of non-negative terms.
+    (The equal lse − Σ_k w_k (lse_k − H_k) cancels two numbers of the size of lse: at
+    z/τ ≈ 1000 it was 8% off an entropy of 0.46, 1.7× the f32 bound.)"""
+    log_w = lse_k - lse
+    return jnp.sum(jnp.exp(log_w) * (ent_k - log_w), axis=0)
 
 
 def chunk_tokens(n: int, h: int) -> int:
@@ -101,9 +110,7 @@ def make(impl, problem: Problem, k: Knobs, options: Mapping[str, Any], mesh, axi
     def combine(lse_k, ent_k, c_k):
         top = jnp.max(lse_k, axis=0)
         lse = top + jnp.log(jnp.sum(jnp.exp(lse_k - top), axis=0))
-        wk = jnp.exp(lse_k - lse)
-        entropy = lse - jnp.sum(wk * (lse_k - ent_k), axis=0)
-        return jnp.sum(c_k, axis=0) - lse, entropy, lse
+        return jnp.sum(c_k, axis=0) - lse, mixture_entropy(lse_k, ent_k, lse), lse
 
     def grad_shard(hidden, w, ids, g, wk):
         y, valid = local_ids(ids)
