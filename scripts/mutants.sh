@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Mutation testing of the judge (docs/tolerances.md, "Mutation testing"): cargo-mutants
+# over src/gates and src/oracle, each mutant rebuilt with the `mutants` profile
+# (opt-level 1) and checked by the unit tests of those modules (and, for the oracle,
+# tests/oracle_checks.rs). Installs the pinned cargo-mutants once.
+#
+#   scripts/mutants.sh gates     # ~211 mutants, ~25 min on 2 cores
+#   scripts/mutants.sh oracle    # ~840 mutants, ~1.5 h on 2 cores
+#   scripts/mutants.sh gates --shard 0/4   # extra arguments go to cargo mutants
+#
+# Results: target/mutants-<set>/mutants.out/ (caught.txt, missed.txt, unviable.txt, timeout.txt).
+# Exit status: cargo mutants' own (0 every mutant caught or unviable, 2 some missed).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+version=27.1.0
+set_name="${1:-}"
+shift || true
+if ! cargo mutants --version 2>/dev/null | grep -q "$version"; then
+  echo "[mutants] installing cargo-mutants $version (crates.io)" >&2
+  cargo install --locked --version "$version" cargo-mutants
+fi
+common=(--profile mutants -j 1 --copy-target false -o "target/mutants-$set_name")
+case "$set_name" in
+  gates)
+    exec cargo mutants -f 'src/gates/*.rs' "${common[@]}" "$@" -C --lib -- -- gates ;;
+  oracle)
+    exec cargo mutants -f 'src/oracle/*.rs' "${common[@]}" "$@" -C --lib -C --test=oracle_checks \
+      -- -- --skip inputs:: ;;
+  *)
+    echo "usage: scripts/mutants.sh gates|oracle [cargo mutants arguments]" >&2
+    exit 2 ;;
+esac
