@@ -32,7 +32,8 @@ if [ ! -f "$stamp" ]; then
   [ -x .venv/bin/python ] || "$py" -m venv .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check -r "$lock"
   if [ -f backends/jax/pyproject.toml ]; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e backends/jax
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+      --no-build-isolation -e backends/jax
   fi
   rm -f .venv/.lock-*
   touch "$stamp"

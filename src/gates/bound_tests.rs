@@ -224,3 +224,40 @@ fn kl_at_beta_zero_and_outputs_not_provided() {
     assert!(g.passed && !g.provided && g.compared == 0, "{g:?}");
     assert!(g.message.contains("not provided"), "{}", g.message);
 }
+
+/// `clipped` is compared where mask = 1 outside the oracle's edge band, and exactly:
+/// a flipped flag at a masked token or at an edge token passes, anywhere else it fails;
+/// the count of compared tokens is reported.
+#[test]
+fn clipped_skips_masked_and_edge_tokens_and_counts_the_rest() {
+    let case = parse_fixed("b: 4, t: 8, v: 300, dtype: f32, profile: ratio_edges").unwrap();
+    let inputs = Inputs::generate(&case);
+    let oracle = Oracle::new(&case, &inputs);
+    let exact = oracle_outputs(&case, &inputs);
+    let gate = |out: &Outputs| {
+        judge(&case, &inputs, &oracle, out)
+            .into_iter()
+            .find(|g| g.output == OutputName::Clipped)
+            .unwrap()
+    };
+    let rows = case.shape.rows();
+    let judged = (0..rows)
+        .filter(|&i| inputs.mask[i] != 0.0 && !oracle.clipped_ambiguous[i])
+        .count();
+    let g = gate(&exact);
+    assert!(g.passed && g.compared == judged, "{g:?}");
+    let masked = (0..rows).find(|&i| inputs.mask[i] == 0.0).expect("a masked token");
+    let edge = (0..rows)
+        .find(|&i| inputs.mask[i] != 0.0 && oracle.clipped_ambiguous[i])
+        .expect("ratio_edges puts an unmasked token in the edge band");
+    let plain = (0..rows)
+        .find(|&i| inputs.mask[i] != 0.0 && !oracle.clipped_ambiguous[i])
+        .unwrap();
+    for (at, passes) in [(masked, true), (edge, true), (plain, false)] {
+        let mut flipped = exact.clone();
+        let x = &mut flipped.tensors.get_mut(&OutputName::Clipped).unwrap().data[at];
+        *x = 1.0 - *x;
+        let g = gate(&flipped);
+        assert_eq!(g.passed, passes, "flag flipped at {at}: {}", g.message);
+    }
+}
