@@ -355,6 +355,41 @@ fn a_scaled_tolerance_is_loud_in_the_summary() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("TOLERANCES SCALED ×0.5"));
 }
 
+/// GRPO_TOL_SCALE multiplies the bounds the gates apply: at 0.5 every gate of the same
+/// outputs uses twice the fraction of its bound (`bound_used` in the records).
+#[test]
+fn the_tolerance_scale_reaches_the_gates() {
+    let cfg = "backends:\n  reference: {implementations: [naive_f32]}\n";
+    let used = |env: &[(&str, &str)]| {
+        let (o, d) = run_with(cfg, &["--suite", "ci", "--filter", TAU_CASE], env);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = std::fs::read_to_string(d.path().join("r.jsonl")).unwrap();
+        let run = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|r| r["kind"] == "run")
+            .expect("a run record");
+        run["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| (g["output"].to_string(), g["bound_used"].as_f64().unwrap_or(0.0)))
+            .collect::<Vec<_>>()
+    };
+    let one = used(&[]);
+    let half = used(&[("GRPO_TOL_SCALE", "0.5")]);
+    assert_eq!(one.len(), half.len());
+    let mut compared = 0;
+    for ((o1, u1), (o2, u2)) in one.iter().zip(&half) {
+        assert_eq!(o1, o2);
+        if *u1 > 0.0 {
+            compared += 1;
+            assert!((u2 / u1 - 2.0).abs() < 1e-9, "{o1}: {u1} at scale 1, {u2} at 0.5");
+        }
+    }
+    assert!(compared >= 4, "{one:?}");
+}
+
 #[test]
 #[cfg(feature = "pjrt")]
 fn an_unavailable_backend_lists_its_trials_ignored_and_a_required_one_fails() {

@@ -55,11 +55,27 @@ fn the_norm_bound_holds_at_its_edge() {
             let err = [e, -e, e, e];
             let a = acc(&WANT, &err, &SCALE, tol.floor, split);
             let d = (a.d2).sqrt();
-            assert!((d / bound - k).abs() < 1e-3, "achieved {} of the bound", d / bound);
+            assert!(
+                (d / bound - k).abs() < 1e-3,
+                "achieved {} of the bound",
+                d / bound
+            );
             let r = report(&a, 4, tol);
-            assert_eq!(r.passed, passes, "{k}× the norm bound, split {split:?}: {}", r.message);
-            assert!((r.norm_err / (d / r_norm) - 1.0).abs() < 1e-9, "{}", r.norm_err);
-            assert!((r.bound_used / (d / bound) - 1.0).abs() < 1e-9, "{}", r.bound_used);
+            assert_eq!(
+                r.passed, passes,
+                "{k}× the norm bound, split {split:?}: {}",
+                r.message
+            );
+            assert!(
+                (r.norm_err / (d / r_norm) - 1.0).abs() < 1e-9,
+                "{}",
+                r.norm_err
+            );
+            assert!(
+                (r.bound_used / (d / bound) - 1.0).abs() < 1e-9,
+                "{}",
+                r.bound_used
+            );
             assert!((r.max_abs_err - err.iter().fold(0f64, |m, x| m.max(x.abs()))).abs() < 1e-6);
             assert_eq!(r.compared, 4);
             if !passes {
@@ -89,7 +105,11 @@ fn the_element_bound_holds_at_its_edge_and_names_the_element() {
                 assert_eq!(r.passed, passes, "{k}× at [{at}]: {}", r.message);
                 if !passes {
                     assert!(r.message.contains("worst element exceeds"), "{}", r.message);
-                    assert!(r.message.contains(&format!("worst at [{at}]")), "{}", r.message);
+                    assert!(
+                        r.message.contains(&format!("worst at [{at}]")),
+                        "{}",
+                        r.message
+                    );
                 }
             }
         }
@@ -108,7 +128,11 @@ fn ties_and_merges_name_the_first_element() {
     let err = [0.0, 0.5, 0.5, 0.0]; // equal errors at [1] and [2]
     for split in [None, Some(2), Some(1)] {
         let r = report(&acc(&want, &err, &scale, 0.0, split), 4, tol);
-        assert!(r.message.contains("worst at [1]"), "{split:?}: {}", r.message);
+        assert!(
+            r.message.contains("worst at [1]"),
+            "{split:?}: {}",
+            r.message
+        );
     }
     // Non-finite values: the first one is named, whichever side of a merge it is on.
     let mut a = Acc::default();
@@ -121,7 +145,11 @@ fn ties_and_merges_name_the_first_element() {
     }
     for merged in [a.clone().merge(b.clone()), b.merge(a)] {
         let r = report(&merged, 6, tol);
-        assert!(!r.passed && r.message.contains("NaN at [2]"), "{}", r.message);
+        assert!(
+            !r.passed && r.message.contains("NaN at [2]"),
+            "{}",
+            r.message
+        );
         assert_eq!(r.compared, 6);
     }
     // A non-finite reference: the first one is named, across a merge too.
@@ -132,7 +160,11 @@ fn ties_and_merges_name_the_first_element() {
     b.add(2, 1.0, f64::NAN, 0.0, 0.0);
     for merged in [a.clone().merge(b.clone()), b.merge(a)] {
         let r = report(&merged, 3, tol);
-        assert!(r.oracle_nonfinite && r.message.contains("at [1] (inf)"), "{}", r.message);
+        assert!(
+            r.oracle_nonfinite && r.message.contains("at [1] (inf)"),
+            "{}",
+            r.message
+        );
     }
 }
 
@@ -145,10 +177,16 @@ fn zero_references_report_zero_or_infinite_relative_error() {
     };
     let zeros = [0.0; 3];
     let r = report(&acc(&zeros, &zeros, &zeros, 0.0, None), 3, tol);
-    assert!(r.passed && r.norm_err == 0.0 && r.bound_used == 0.0, "{r:?}");
+    assert!(
+        r.passed && r.norm_err == 0.0 && r.bound_used == 0.0,
+        "{r:?}"
+    );
     let r = report(&acc(&zeros, &[0.0, 1e-3, 0.0], &zeros, 0.0, None), 3, tol);
     assert!(!r.passed, "{}", r.message);
-    assert!(r.norm_err.is_infinite() && r.bound_used.is_infinite(), "{r:?}");
+    assert!(
+        r.norm_err.is_infinite() && r.bound_used.is_infinite(),
+        "{r:?}"
+    );
     assert_eq!(r.max_abs_err, 1e-3f32 as f64);
 }
 
@@ -195,11 +233,19 @@ fn kl_at_beta_zero_and_outputs_not_provided() {
         *x = 1e3 + i as f32;
     }
     let g = kl_of(&garbage);
-    assert!(g.passed && g.message.contains("values not judged"), "{}", g.message);
+    assert!(
+        g.passed && g.message.contains("values not judged"),
+        "{}",
+        g.message
+    );
     let mut nan = exact.clone();
     nan.tensors.get_mut(&OutputName::Kl).unwrap().data[5] = f32::NAN;
     let g = kl_of(&nan);
-    assert!(!g.passed && g.message.contains("non-finite value at [1, 1]"), "{}", g.message);
+    assert!(
+        !g.passed && g.message.contains("non-finite value at [1, 1]"),
+        "{}",
+        g.message
+    );
     // β > 0 judges kl's values: the same garbage fails there.
     let judged = parse_fixed("b: 2, t: 4, v: 300, dtype: f32, beta: 0.04").unwrap();
     let inputs2 = Inputs::generate(&judged);
@@ -246,7 +292,9 @@ fn clipped_skips_masked_and_edge_tokens_and_counts_the_rest() {
         .count();
     let g = gate(&exact);
     assert!(g.passed && g.compared == judged, "{g:?}");
-    let masked = (0..rows).find(|&i| inputs.mask[i] == 0.0).expect("a masked token");
+    let masked = (0..rows)
+        .find(|&i| inputs.mask[i] == 0.0)
+        .expect("a masked token");
     let edge = (0..rows)
         .find(|&i| inputs.mask[i] != 0.0 && oracle.clipped_ambiguous[i])
         .expect("ratio_edges puts an unmasked token in the edge band");
@@ -260,4 +308,36 @@ fn clipped_skips_masked_and_edge_tokens_and_counts_the_rest() {
         let g = gate(&flipped);
         assert_eq!(g.passed, passes, "flag flipped at {at}: {}", g.message);
     }
+}
+
+/// A dlogits row whose ratio is on a clip edge is judged against the nearer of the two
+/// branches: the row of the other branch passes; a row on neither fails.
+#[test]
+fn dlogits_takes_the_nearer_branch_on_edge_rows() {
+    let case = parse_fixed("b: 4, t: 8, v: 300, dtype: f32, profile: ratio_edges").unwrap();
+    let inputs = Inputs::generate(&case);
+    let oracle = Oracle::new(&case, &inputs);
+    let exact = oracle_outputs(&case, &inputs);
+    let v = case.shape.v;
+    let with_row = |g: f64, r: usize| {
+        let mut out = exact.clone();
+        let d = out.tensors.get_mut(&OutputName::Dlogits).unwrap();
+        oracle.dlogits_row(&case, &inputs, r, g, |j, x, _| d.data[r * v + j] = x as f32);
+        judge(&case, &inputs, &oracle, &out)
+            .into_iter()
+            .find(|g| g.output == OutputName::Dlogits)
+            .unwrap()
+    };
+    let edge = (0..case.shape.rows())
+        .find(|&r| {
+            oracle.g_alt[r].is_some_and(|a| (a - oracle.g[r]).abs() > 1e-3 * oracle.g[r].abs())
+        })
+        .expect("ratio_edges puts a row in the edge band");
+    let (g, alt) = (oracle.g[edge], oracle.g_alt[edge].unwrap());
+    let r = with_row(alt, edge);
+    assert!(r.passed, "the other branch: {}", r.message);
+    let r = with_row(2.0 * alt - g, edge);
+    assert!(!r.passed, "beyond the other branch: {}", r.message);
+    let r = with_row(2.0 * g - alt, edge);
+    assert!(!r.passed, "beyond this branch: {}", r.message);
 }

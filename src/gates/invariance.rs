@@ -253,6 +253,8 @@ fn clipped(
 mod tests {
     use super::*;
     use crate::cases::parse_fixed;
+    use crate::cases::TierName;
+    use crate::gates::tiers::scale;
 
     /// Identical outputs pass; a one-ulp bf16 flip passes; a missing shard's worth of
     /// gradient, or a loss off by 1e-4 relative, fails.
@@ -408,5 +410,135 @@ mod tests {
             "a changed row off the edge band passed: {}",
             g.message
         );
+    }
+
+    /// The documented bounds: f32 gradients the f32 gradient tier; bf16 and f16 gradients
+    /// one ulp of the largest element (2u) norm-wise and element-wise; per-token outputs
+    /// the tier's own; every one times the multiplier in force.
+    #[test]
+    fn the_bounds_are_the_documented_ones() {
+        let at = |dtype: &str| parse_fixed(&format!("b: 2, t: 4, v: 300, dtype: {dtype}")).unwrap();
+        let f32_grad = tolerance(TierName::Standard, DType::F32, OutputName::Dlogits);
+        assert_eq!(
+            invariance_tolerance(&at("f32"), OutputName::Dlogits),
+            f32_grad
+        );
+        for (dtype, u) in [("bf16", 2f64.powi(-8)), ("f16", 2f64.powi(-11))] {
+            let t = invariance_tolerance(&at(dtype), OutputName::Dlogits);
+            assert_eq!(
+                (t.norm_rel, t.max_rel),
+                (2.0 * u * scale(), 2.0 * u * scale()),
+                "{dtype}"
+            );
+            assert_eq!(t.floor, f32_grad.floor);
+            assert_eq!(
+                invariance_tolerance(&at(dtype), OutputName::Entropy),
+                tolerance(TierName::Standard, DType::F32, OutputName::Entropy)
+            );
+        }
+        crate::gates::tiers::TEST_SCALE.with(|c| c.set(Some(0.5)));
+        let t = invariance_tolerance(&at("bf16"), OutputName::Dlogits);
+        crate::gates::tiers::TEST_SCALE.with(|c| c.set(None));
+        assert_eq!(t.max_rel, 2f64.powi(-8));
+    }
+
+    /// β = 0: kl is whatever each run writes (ref_logp unread), so it is not compared;
+    /// with β > 0 the same difference fails.
+    #[test]
+    fn kl_is_compared_only_when_beta_is_not_zero() {
+        for (beta, passes) in [("0", true), ("0.04", false)] {
+            let case =
+                parse_fixed(&format!("b: 2, t: 4, v: 300, dtype: f32, beta: {beta}")).unwrap();
+            let inputs = Inputs::generate(&case);
+            let oracle = Oracle::new(&case, &inputs);
+            let one = crate::backends::reference::oracle_outputs(&case, &inputs);
+            let mut other = one.clone();
+            for x in &mut other.tensors.get_mut(&OutputName::Kl).unwrap().data {
+                *x += 1.0;
+            }
+            let g = judge_invariance(&case, &inputs, &oracle, &other, &one)
+                .into_iter()
+                .find(|g| g.output == OutputName::Kl)
+                .unwrap();
+            assert_eq!(g.passed, passes, "β = {beta}: {}", g.message);
+        }
+    }
+
+    /// The one-device run on the other clip branch of an edge row: the multi-device run on
+    /// the oracle's branch passes; beyond either branch fails.
+    #[test]
+    fn dlogits_edge_rows_work_from_either_branch_of_the_one_device_run() {
+        let case = parse_fixed("b: 4, t: 8, v: 257, dtype: f32, profile: ratio_edges").unwrap();
+        let inputs = Inputs::generate(&case);
+        let oracle = Oracle::new(&case, &inputs);
+        let exact = crate::backends::reference::oracle_outputs(&case, &inputs);
+        let v = case.shape.v;
+        let row_at = |g: f64, r: usize, out: &mut Outputs| {
+            let d = out.tensors.get_mut(&OutputName::Dlogits).unwrap();
+            oracle.dlogits_row(&case, &inputs, r, g, |j, x, _| d.data[r * v + j] = x as f32);
+        };
+        let edge = (0..case.shape.rows())
+            .find(|&r| {
+                oracle.g_alt[r].is_some_and(|a| (a - oracle.g[r]).abs() > 1e-3 * oracle.g[r].abs())
+            })
+            .unwrap();
+        let (g, alt) = (oracle.g[edge], oracle.g_alt[edge].unwrap());
+        let mut one = exact.clone();
+        row_at(alt, edge, &mut one); // the one-device run took the other branch
+        for (got_g, passes) in [
+            (g, true),
+            (alt, true),
+            (2.0 * alt - g, false),
+            (2.0 * g - alt, false),
+        ] {
+            let mut got = exact.clone();
+            row_at(got_g, edge, &mut got);
+            let r = dlogits_gate(&case, &inputs, &oracle, &got, &one);
+            assert_eq!(
+                r.passed, passes,
+                "g {got_g} (branches {g}, {alt}): {}",
+                r.message
+            );
+        }
+    }
+
+    /// `clipped` is compared where mask = 1 outside the edge band, exactly; the count of
+    /// compared tokens is reported.
+    #[test]
+    fn clipped_skips_masked_and_edge_tokens_and_counts_the_rest() {
+        let case = parse_fixed("b: 4, t: 8, v: 300, dtype: f32, profile: ratio_edges").unwrap();
+        let inputs = Inputs::generate(&case);
+        let oracle = Oracle::new(&case, &inputs);
+        let one = crate::backends::reference::oracle_outputs(&case, &inputs);
+        let gate = |got: &Outputs| {
+            judge_invariance(&case, &inputs, &oracle, got, &one)
+                .into_iter()
+                .find(|g| g.output == OutputName::Clipped)
+                .unwrap()
+        };
+        let rows = case.shape.rows();
+        let judged = (0..rows)
+            .filter(|&i| inputs.mask[i] != 0.0 && !oracle.clipped_ambiguous[i])
+            .count();
+        let g = gate(&one);
+        assert!(g.passed && g.compared == judged, "{g:?}");
+        assert!(
+            g.message.contains(&format!("identical over {judged}")),
+            "{}",
+            g.message
+        );
+        let masked = (0..rows).find(|&i| inputs.mask[i] == 0.0).unwrap();
+        let edge = (0..rows)
+            .find(|&i| inputs.mask[i] != 0.0 && oracle.clipped_ambiguous[i])
+            .unwrap();
+        let plain = (0..rows)
+            .find(|&i| inputs.mask[i] != 0.0 && !oracle.clipped_ambiguous[i])
+            .unwrap();
+        for (at, passes) in [(masked, true), (edge, true), (plain, false)] {
+            let mut flipped = one.clone();
+            let x = &mut flipped.tensors.get_mut(&OutputName::Clipped).unwrap().data[at];
+            *x = 1.0 - *x;
+            assert_eq!(gate(&flipped).passed, passes, "flag flipped at {at}");
+        }
     }
 }

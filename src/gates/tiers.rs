@@ -33,7 +33,17 @@ pub const SCALE_ENV: &str = crate::env::TOL_SCALE;
 
 /// The tolerance multiplier in force (1 unless `GRPO_TOL_SCALE` says otherwise).
 pub fn scale() -> f64 {
+    #[cfg(test)]
+    if let Some(k) = TEST_SCALE.with(|c| c.get()) {
+        return k;
+    }
     env_scale()
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A unit test's own multiplier in place of `GRPO_TOL_SCALE` (this thread only).
+    pub(crate) static TEST_SCALE: std::cell::Cell<Option<f64>> = const { std::cell::Cell::new(None) };
 }
 
 /// The tolerance of `output` for a case of `dtype` in `tier`.
@@ -57,7 +67,7 @@ pub fn tolerance(tier: TierName, dtype: DType, output: OutputName) -> Tolerance 
     let k = match tier {
         TierName::Standard => 1.0,
         TierName::Loose => 10.0,
-    } * env_scale();
+    } * scale();
     Tolerance {
         norm_rel: base.norm_rel * k,
         max_rel: base.max_rel * k,
@@ -92,12 +102,53 @@ mod tests {
             tolerance(TierName::Standard, DType::F32, OutputName::Dlogits).max_rel
                 < bf16_ulp / 10.0
         );
+        // The documented table (docs/tolerances.md), standard tier.
+        let t = |d, o| tolerance(TierName::Standard, d, o);
+        let k = scale(); // 1 unless the run sets GRPO_TOL_SCALE
+        let row = |x: Tolerance, want: [f64; 3]| {
+            for (got, want) in [x.norm_rel, x.max_rel, x.floor].into_iter().zip(want) {
+                assert!((got / k / want - 1.0).abs() < 1e-12, "{x:?} vs {want:?}");
+            }
+        };
+        row(t(DType::F32, OutputName::Loss), [1e-5, 1e-5, 1e-5]);
+        row(t(DType::F32, OutputName::Entropy), [1e-5, 1e-4, 1e-5]);
+        row(t(DType::F32, OutputName::Dhidden), [1e-4, 1e-4, 1e-5]);
+        row(t(DType::F16, OutputName::DlmHead), [2e-3, 2e-3, 1e-5]);
+        row(t(DType::Bf16, OutputName::Dlogits), [8e-3, 8e-3, 1e-5]);
         // Per-token outputs never depend on the input dtype.
         for o in OutputName::PER_TOKEN {
             assert_eq!(
                 tolerance(TierName::Standard, DType::Bf16, o),
                 tolerance(TierName::Standard, DType::F32, o)
             );
+        }
+    }
+
+    /// `loose` is ×10 of every bound, and the multiplier in force (GRPO_TOL_SCALE, here a
+    /// test's own) multiplies every bound of every tier.
+    #[test]
+    fn loose_and_the_multiplier_scale_every_bound() {
+        for (d, o) in [
+            (DType::F32, OutputName::Loss),
+            (DType::Bf16, OutputName::Dlogits),
+            (DType::F16, OutputName::PerTokenLogp),
+        ] {
+            let ratio = |a: Tolerance, b: Tolerance, k: f64| {
+                for (x, y) in [
+                    (a.norm_rel, b.norm_rel),
+                    (a.max_rel, b.max_rel),
+                    (a.floor, b.floor),
+                ] {
+                    assert!((x / y / k - 1.0).abs() < 1e-12, "{a:?} / {b:?} is not {k}");
+                }
+            };
+            let s = tolerance(TierName::Standard, d, o);
+            let l = tolerance(TierName::Loose, d, o);
+            ratio(l, s, 10.0);
+            TEST_SCALE.with(|c| c.set(Some(0.25)));
+            let q = tolerance(TierName::Loose, d, o);
+            TEST_SCALE.with(|c| c.set(None));
+            ratio(q, l, 0.25 / scale());
         }
     }
 }
