@@ -453,7 +453,7 @@ pub fn run_trial(
     let empty = Inputs::default();
     let inputs = prep.map(|p| &p.inputs).unwrap_or(&empty);
     match backend.run(implementation, case, inputs, opts) {
-        Err(e) => out.verdict = Verdict::Error(format!("{e:#}")),
+        Err(e) => out.verdict = error_or_not_applicable(format!("{e:#}")),
         Ok(res) => {
             out.timing = res.timing;
             out.memory = res.memory;
@@ -521,6 +521,16 @@ pub fn run_trial(
     out
 }
 
+/// A backend's run error, or, when the backend says the case does not apply to this
+/// machine (a message containing [`NOT_APPLICABLE`], e.g. more devices than a TPU VM has
+/// chips), an ignored trial that is not counted as ignored.
+fn error_or_not_applicable(message: String) -> Verdict {
+    match message.find(NOT_APPLICABLE) {
+        Some(i) => Verdict::Ignored(message[i..].to_string()),
+        None => Verdict::Error(message),
+    }
+}
+
 /// Runs `case`'s one-device twin (same data, `devices: 1`) of `implementation` on
 /// `backend` (once per prepared data, see [`Prepared`]) and judges the multi-device
 /// `outputs` against it.
@@ -582,6 +592,20 @@ mod tests {
         );
         assert!(BudgetReport::judge(b(1.05, 0), None).is_err());
         assert!(BudgetReport::judge(b(1.05, 0), Some(&Memory::default())).is_err());
+    }
+
+    #[test]
+    fn a_run_error_that_says_not_applicable_is_not_an_error() {
+        // As a worker's error arrives (the TPU wording: backends/pjrt/worker.rs's tests).
+        let tpu = format!("pjrt-tpu: worker: {NOT_APPLICABLE}the case needs 16 devices, this machine's PJRT client has 8 (TPU v6e)");
+        let v = error_or_not_applicable(tpu);
+        assert!(v.is_not_applicable() && v.is_ok(), "{v:?}");
+        let Verdict::Ignored(reason) = v else {
+            unreachable!()
+        };
+        assert!(reason.starts_with(NOT_APPLICABLE), "{reason}");
+        let cpu = "the module is partitioned over 16 devices but the PJRT client has 4 (raise the backend's cpu_device_count to 16)";
+        assert!(matches!(error_or_not_applicable(cpu.into()), Verdict::Error(m) if m == cpu));
     }
 
     #[test]

@@ -373,7 +373,12 @@ fn the_tolerance_scale_reaches_the_gates() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|g| (g["output"].to_string(), g["bound_used"].as_f64().unwrap_or(0.0)))
+            .map(|g| {
+                (
+                    g["output"].to_string(),
+                    g["bound_used"].as_f64().unwrap_or(0.0),
+                )
+            })
             .collect::<Vec<_>>()
     };
     let one = used(&[]);
@@ -384,7 +389,10 @@ fn the_tolerance_scale_reaches_the_gates() {
         assert_eq!(o1, o2);
         if *u1 > 0.0 {
             compared += 1;
-            assert!((u2 / u1 - 2.0).abs() < 1e-9, "{o1}: {u1} at scale 1, {u2} at 0.5");
+            assert!(
+                (u2 / u1 - 2.0).abs() < 1e-9,
+                "{o1}: {u1} at scale 1, {u2} at 0.5"
+            );
         }
     }
     assert!(compared >= 4, "{one:?}");

@@ -319,13 +319,16 @@ pub fn join_shards(parts: &[Vec<u8>], part_dims: &[i64], item: usize, axis: usiz
     out
 }
 
-/// The one-line error for a module partitioned over more devices than the client has:
-/// on XLA:CPU the fix is the backend's `cpu_device_count`, on a TPU VM a larger slice.
+/// The one-line message for a module partitioned over more devices than the client has.
+/// On XLA:CPU it is an error whose fix is the backend's `cpu_device_count`; on a TPU VM
+/// the chips are what the machine has, so the case does not apply here (as a tpu-aot
+/// topology too small for it): the message starts with [`crate::runner::NOT_APPLICABLE`]
+/// and the runner records the trial as not applicable.
 pub fn too_few_devices(n: usize, have: usize, platform_label: &str) -> String {
     if platform_label.starts_with("XLA:CPU") {
         format!("the module is partitioned over {n} devices but the PJRT client has {have} (raise the backend's cpu_device_count to {n})")
     } else {
-        format!("the module is partitioned over {n} devices but this machine's PJRT client has {have} ({platform_label}): run the case on a slice with at least {n} chips, or filter it out (--filter)")
+        format!("{}the case needs {n} devices, this machine's PJRT client has {have} ({platform_label}); a slice with at least {n} chips runs it", crate::runner::NOT_APPLICABLE)
     }
 }
 
@@ -541,7 +544,8 @@ mod tests {
         // Element [1, 2, 5] of the last-axis split into 4: shard 2 (columns 4..6), column 1.
         let (_, p) = shard_bytes(&dims, &bytes, 1, 2, 4, 2).unwrap();
         assert!(too_few_devices(4, 1, "XLA:CPU (host memory)").contains("cpu_device_count to 4"));
-        assert!(too_few_devices(8, 4, "TPU v6e").contains("at least 8 chips"));
+        let tpu = too_few_devices(8, 4, "TPU v6e");
+        assert!(tpu.starts_with(crate::runner::NOT_APPLICABLE) && tpu.contains("at least 8 chips"));
         // Padding on the last axis, then cropping back, round-trips; the cut part is checked.
         let (pd, padded) = pad_axis(&[2, 3], &[1, 2, 3, 4, 5, 6], &[0], 1, 5);
         assert_eq!(
