@@ -2,7 +2,7 @@
 # Mutation testing of the judge (docs/tolerances.md, "Mutation testing"): cargo-mutants
 # over src/gates and src/oracle, each mutant rebuilt with the `mutants` profile
 # (opt-level 1) and checked by the unit tests of those modules (and, for the oracle,
-# tests/oracle_checks.rs). Installs the pinned cargo-mutants once.
+# tests/oracle_checks.rs and the golden checks). Installs the pinned cargo-mutants once.
 #
 #   scripts/mutants.sh gates     # ~211 mutants, ~25 min on 2 cores
 #   scripts/mutants.sh oracle    # ~840 mutants, ~1.5 h on 2 cores
@@ -25,8 +25,11 @@ case "$set_name" in
   gates)
     exec cargo mutants -f 'src/gates/*.rs' "${common[@]}" "$@" -C --lib -- -- gates ;;
   oracle)
+    # Unit tests, tests/oracle_checks.rs and the golden checks of the conformance harness
+    # (the oracle against the stored golden files); no implementation trials.
     exec cargo mutants -f 'src/oracle/*.rs' "${common[@]}" "$@" -C --lib -C --test=oracle_checks \
-      -- -- --skip inputs:: ;;
+      -C --test=conformance -- -- --skip inputs:: --skip pjrt-cpu/ --skip tpu-aot \
+      --skip reference/ --skip should-fail/ ;;
   *)
     echo "usage: scripts/mutants.sh gates|oracle [cargo mutants arguments]" >&2
     exit 2 ;;

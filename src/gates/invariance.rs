@@ -468,7 +468,8 @@ mod tests {
     /// the oracle's branch passes; beyond either branch fails.
     #[test]
     fn dlogits_edge_rows_work_from_either_branch_of_the_one_device_run() {
-        let case = parse_fixed("b: 4, t: 8, v: 257, dtype: f32, profile: ratio_edges").unwrap();
+        let case = parse_fixed("b: 4, t: 8, v: 257, dtype: f32, profile: ratio_edges, beta: 0.04")
+            .unwrap();
         let inputs = Inputs::generate(&case);
         let oracle = Oracle::new(&case, &inputs);
         let exact = crate::backends::reference::oracle_outputs(&case, &inputs);
@@ -477,28 +478,37 @@ mod tests {
             let d = out.tensors.get_mut(&OutputName::Dlogits).unwrap();
             oracle.dlogits_row(&case, &inputs, r, g, |j, x, _| d.data[r * v + j] = x as f32);
         };
-        let edge = (0..case.shape.rows())
-            .find(|&r| {
+        // Every edge row whose branches differ (some have a zero branch, some not), with
+        // the one-device run on either branch.
+        let edges: Vec<usize> = (0..case.shape.rows())
+            .filter(|&r| {
                 oracle.g_alt[r].is_some_and(|a| (a - oracle.g[r]).abs() > 1e-3 * oracle.g[r].abs())
             })
-            .unwrap();
-        let (g, alt) = (oracle.g[edge], oracle.g_alt[edge].unwrap());
-        let mut one = exact.clone();
-        row_at(alt, edge, &mut one); // the one-device run took the other branch
-        for (got_g, passes) in [
-            (g, true),
-            (alt, true),
-            (2.0 * alt - g, false),
-            (2.0 * g - alt, false),
-        ] {
-            let mut got = exact.clone();
-            row_at(got_g, edge, &mut got);
-            let r = dlogits_gate(&case, &inputs, &oracle, &got, &one);
-            assert_eq!(
-                r.passed, passes,
-                "g {got_g} (branches {g}, {alt}): {}",
-                r.message
-            );
+            .collect();
+        assert!(edges
+            .iter()
+            .any(|&r| oracle.g[r] != 0.0 && oracle.g_alt[r] != Some(0.0)));
+        for &edge in &edges {
+            let (g, alt) = (oracle.g[edge], oracle.g_alt[edge].unwrap());
+            for (one_g, other_g) in [(g, alt), (alt, g)] {
+                let mut one = exact.clone();
+                row_at(one_g, edge, &mut one);
+                for (got_g, passes) in [
+                    (one_g, true),
+                    (other_g, true),
+                    (2.0 * other_g - one_g, false),
+                    (2.0 * one_g - other_g, false),
+                ] {
+                    let mut got = exact.clone();
+                    row_at(got_g, edge, &mut got);
+                    let r = dlogits_gate(&case, &inputs, &oracle, &got, &one);
+                    assert_eq!(
+                        r.passed, passes,
+                        "row {edge}, one device at {one_g}, got {got_g} (branches {g}, {alt}): {}",
+                        r.message
+                    );
+                }
+            }
         }
     }
 
