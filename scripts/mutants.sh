@@ -25,11 +25,12 @@ case "$set_name" in
   gates)
     exec cargo mutants -f 'src/gates/*.rs' "${common[@]}" "$@" -C --lib -- -- gates ;;
   oracle)
-    # Unit tests, tests/oracle_checks.rs and the golden checks of the conformance harness
-    # (the oracle against the stored golden files); no implementation trials.
+    # Unit tests, tests/oracle_checks.rs and, from the conformance harness, the golden
+    # checks (the oracle against the stored golden files), the reference backend's trials
+    # (honest naive_f32 must pass the error scales) and the should-fail variants; no
+    # exported implementation (pjrt-cpu, tpu-aot).
     exec cargo mutants -f 'src/oracle/*.rs' "${common[@]}" "$@" -C --lib -C --test=oracle_checks \
-      -C --test=conformance -- -- --skip inputs:: --skip pjrt-cpu/ --skip tpu-aot \
-      --skip reference/ --skip should-fail/ ;;
+      -C --test=conformance -- -- --skip inputs:: --skip pjrt-cpu/ --skip tpu-aot ;;
   *)
     echo "usage: scripts/mutants.sh gates|oracle [cargo mutants arguments]" >&2
     exit 2 ;;

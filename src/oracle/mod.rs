@@ -615,3 +615,122 @@ impl Oracle {
         self.fused.get()
     }
 }
+
+#[cfg(test)]
+mod token_tests {
+    //! The per-token terms and their error scales on hand-picked tokens, against the
+    //! formulas written out here from SPEC.md and docs/tolerances.md (written against the
+    //! mutants `cargo mutants` left alive in `token_terms`).
+    use super::*;
+    use crate::spec::{Knobs, LogitsDtype, LossType};
+
+    fn knobs(beta: f64, delta: Option<f64>) -> Knobs {
+        Knobs {
+            temperature: 1.0,
+            epsilon_low: 0.2,
+            epsilon_high: 0.28,
+            beta,
+            delta,
+            loss_type: LossType::Grpo,
+            max_completion_length: None,
+            importance_sampling_level: IsLevel::Token,
+            logits_dtype: LogitsDtype::F32,
+        }
+    }
+
+    fn token(a: f64, logp: f64, old_logp: f64, ref_logp: f64) -> TokenIn {
+        TokenIn {
+            a,
+            logp,
+            log_r: logp - old_logp,
+            old_logp,
+            ref_logp,
+            mask: 1.0,
+            weight: 0.25,
+            scale_logp: 7.0,
+            wsum: 0.0,
+            msum: 0.0,
+        }
+    }
+
+    fn close(x: f64, y: f64) -> bool {
+        (x - y).abs() <= 1e-12 * y.abs().max(1.0)
+    }
+
+    #[test]
+    fn clipped_is_the_ratio_outside_its_edge_in_the_advantages_direction() {
+        let k = knobs(0.0, None);
+        for (r, a, want) in [
+            (0.7, -1.0, true),   // below 1 − ε_low, pushed down
+            (0.7, 1.0, false),   // below, but pushed up
+            (0.9, -1.0, false),  // inside
+            (1.35, 1.0, true),   // above 1 + ε_high, pushed up
+            (1.35, -1.0, false), // above, pushed down
+            (1.2, 1.0, false),   // inside
+        ] {
+            assert_eq!(is_clipped(r, a, &k), want, "r {r}, A {a}");
+        }
+    }
+
+    #[test]
+    fn token_terms_and_their_error_scales() {
+        let (beta, a) = (0.04, -0.8);
+        let k = knobs(beta, None);
+        // r = e^0.1 inside the clip range: unclipped, gradient −A·r + β(1 − e^x).
+        let t = token(a, -2.0, -2.1, -1.7);
+        let got = token_terms(&k, t);
+        let r = (0.1f64).exp();
+        let x = t.ref_logp - t.logp; // 0.3
+        let kl = x.exp() - x - 1.0;
+        let loss = -a * r + beta * kl;
+        assert!(close(got.loss, loss) && close(got.kl, kl), "{got:?}");
+        assert!(!got.clipped && !got.clipped_ambiguous && got.g_alt.is_none());
+        assert!(close(got.g, t.weight * (-a * r + beta * (1.0 - x.exp()))));
+        // Error scales (docs/tolerances.md): the derivative times the magnitude logp is
+        // computed at (scale_logp + |old_logp| + 1), plus the output's own size.
+        let sl = t.scale_logp + t.old_logp.abs() + 1.0;
+        let scale_kl = (x.exp() - 1.0).abs() * (sl + t.ref_logp.abs()) + x.exp() + x.abs() + 1.0;
+        assert!(
+            close(got.scale_kl, scale_kl),
+            "{} vs {scale_kl}",
+            got.scale_kl
+        );
+        let scale_loss = a.abs() * r * sl + beta * scale_kl + loss.abs();
+        assert!(
+            close(got.scale_loss, scale_loss),
+            "{} vs {scale_loss}",
+            got.scale_loss
+        );
+        // Above the upper edge with A > 0: clipped, the policy term has no gradient; the
+        // scale uses the larger of r and the clipped ratio.
+        let t = token(1.5, -1.0, -1.4, -1.0);
+        let got = token_terms(&k, t);
+        let r = (0.4f64).exp();
+        assert!(got.clipped && close(got.g, 0.0) && close(got.loss, -1.5 * 1.28));
+        let sl = t.scale_logp + t.old_logp.abs() + 1.0;
+        assert!(close(
+            got.scale_loss,
+            1.5 * r * sl + beta * got.scale_kl + got.loss.abs()
+        ));
+    }
+
+    #[test]
+    fn the_loss_scale_is_the_weighted_sum_of_the_token_scales() {
+        let case = crate::cases::parse_fixed("b: 3, t: 5, v: 64, dtype: f32, beta: 0.04").unwrap();
+        let inputs = Inputs::generate(&case);
+        let o = Oracle::new(&case, &inputs);
+        let want: f64 = o.weight.iter().zip(&o.scale_loss).map(|(w, s)| w * s).sum();
+        assert!(
+            o.loss_scale > 0.0 && close(o.loss_scale, want),
+            "{} vs {want}",
+            o.loss_scale
+        );
+        let loss: f64 = o
+            .weight
+            .iter()
+            .zip(&o.per_token_loss)
+            .map(|(w, l)| w * l)
+            .sum();
+        assert!(close(o.loss, loss));
+    }
+}
