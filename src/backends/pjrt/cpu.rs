@@ -176,6 +176,7 @@ impl PjrtCpu {
                     &spec,
                     &self.plugin,
                     "backends.pjrt-cpu.plugin",
+                    crate::env::PJRT_PLUGIN,
                 )
             })?;
         let outputs = named_outputs(&spec, res.outputs)?;

@@ -293,17 +293,23 @@ pub fn pinned_jax_version() -> &'static str {
 }
 
 /// A compile failure of a module, explained when its exporter's jax is not the pinned
-/// one: a newer jax can emit StableHLO an older plugin cannot read. One line naming both
-/// versions and the fix, then the plugin's own message.
+/// one: a newer jax can emit StableHLO an older plugin cannot read (e.g. libtpu 0.0.42.1
+/// on a jax 0.11.2 export: "unregistered operation 'vhlo.custom_call_v2'"). One line
+/// naming both versions and the fix (`config_key` or the environment variable `env_key`
+/// names the plugin), then the plugin's own message.
 pub fn explain_compile_failure(
     err: anyhow::Error,
     manifest: &Manifest,
     plugin: &Path,
     config_key: &str,
+    env_key: &str,
 ) -> anyhow::Error {
     let pinned = pinned_jax_version();
-    // Only compile failures (the worker's "compile of <module>: ..."), never run errors.
-    if manifest.jax_version == pinned || !format!("{err:#}").starts_with("compile of") {
+    // Only compile failures (pjrt-cpu's worker: "compile of <module>: ...", tpu-aot:
+    // "TPU compile for <topology> failed: ..."), never run errors.
+    let text = format!("{err:#}");
+    let compile = text.starts_with("compile of") || text.starts_with("TPU compile for");
+    if manifest.jax_version == pinned || !compile {
         return err;
     }
     anyhow!(
@@ -312,7 +318,7 @@ pub fn explain_compile_failure(
         manifest.jax_version,
         plugin.display(),
         manifest.jax_version,
-        crate::env::PJRT_PLUGIN
+        env_key
     )
 }
 
@@ -1005,6 +1011,7 @@ mod tests {
             &manifest("0.99.0"),
             plugin,
             "backends.pjrt-cpu.plugin",
+            crate::env::PJRT_PLUGIN,
         );
         let m = format!("{e:#}");
         assert!(
@@ -1024,6 +1031,7 @@ mod tests {
             &manifest(pinned),
             plugin,
             "x",
+            "Y",
         );
         assert_eq!(format!("{e:#}"), "compile of m: boom");
         // Another jax, but not a compile failure: as is.
@@ -1032,7 +1040,27 @@ mod tests {
             &manifest("0.99.0"),
             plugin,
             "x",
+            "Y",
         );
         assert_eq!(format!("{e:#}"), "execute: out of memory");
+        // tpu-aot's compile error (libtpu 0.0.42.1 on a jax 0.11.2 export) names libtpu's
+        // setting and variable.
+        let e = explain_compile_failure(
+            anyhow!("TPU compile for v6e:2x2 failed: unregistered operation 'vhlo.custom_call_v2' found in dialect ('vhlo') that does not allow unknown operations"),
+            &manifest("0.11.2"),
+            Path::new("/v/libtpu/libtpu.so"),
+            "backends.tpu-aot.plugin",
+            crate::env::LIBTPU,
+        );
+        let m = format!("{e:#}");
+        assert!(
+            m.contains("jax 0.11.2")
+                && m.contains(&format!("jax {pinned}"))
+                && m.contains("backends.tpu-aot.plugin")
+                && m.contains("GRPO_LIBTPU")
+                && m.contains("vhlo.custom_call_v2")
+                && m.lines().count() == 1,
+            "{m}"
+        );
     }
 }

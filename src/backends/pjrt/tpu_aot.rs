@@ -462,7 +462,15 @@ impl Backend for TpuAot {
             Exported::Unsupported(r) => bail!("unsupported: {r}"),
             Exported::Failed(e) => bail!("{e}"),
         };
-        let mut res = self.compile_module(&module, &manifest)?;
+        let mut res = self.compile_module(&module, &manifest).map_err(|e| {
+            super::export::explain_compile_failure(
+                e,
+                &manifest,
+                &self.plugin,
+                "backends.tpu-aot.plugin",
+                crate::env::LIBTPU,
+            )
+        })?;
         let floor = res.memory.as_ref().and_then(|m| m.floor_bytes);
         res.derived = res.derived.take().map(|d| d.with_ratios(case, floor));
         let generation = self.generation();
