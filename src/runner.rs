@@ -205,6 +205,9 @@ pub struct TrialOutcome {
     /// Multi-device runs on an executing backend: the same implementation on one device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub invariance: Option<Invariance>,
+    /// The exporter's jax and interpreter (exporting backends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exporter: Option<crate::backends::ExporterInfo>,
     /// Wall time of the whole trial (inputs, oracle, run, gates), seconds.
     pub wall_s: f64,
 }
@@ -258,6 +261,7 @@ impl TrialOutcome {
             efficiency: None,
             detail: None,
             invariance: None,
+            exporter: None,
             wall_s: 0.0,
         }
     }
@@ -463,6 +467,7 @@ pub fn run_trial(
             out.roofline = res.roofline;
             out.speed = res.speed;
             out.efficiency = res.efficiency;
+            out.exporter = res.exporter;
             match (res.outputs, prep) {
                 (Some(outputs), Some(p)) => {
                     out.gates = gates::judge(case, &p.inputs, &p.oracle, &outputs);

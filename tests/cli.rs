@@ -355,6 +355,29 @@ fn a_scaled_tolerance_is_loud_in_the_summary() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("TOLERANCES SCALED ×0.5"));
 }
 
+/// Every trial of an exporting backend records the exporter's jax and interpreter.
+#[test]
+#[cfg(feature = "pjrt")]
+fn records_name_the_exporters_jax_and_python() {
+    let cfg = "backends:\n  pjrt-cpu: {implementations: [jax_baseline]}\n";
+    let (o, d) = run_with(cfg, &["--suite", "ci", "--filter", TAU_CASE], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(d.path().join("r.jsonl")).unwrap();
+    let run = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["kind"] == "run")
+        .expect("a run record");
+    let pinned = std::fs::read_to_string(repo_root().join("backends/jax/requirements.lock"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("jax==").map(str::to_string))
+        .unwrap();
+    assert_eq!(run["exporter"]["jax_version"], pinned.as_str(), "{run}");
+    let python = run["exporter"]["python"].as_str().unwrap();
+    assert!(python.ends_with(".venv/bin/python"), "{python}");
+}
+
 /// GRPO_TOL_SCALE multiplies the bounds the gates apply: at 0.5 every gate of the same
 /// outputs uses twice the fraction of its bound (`bound_used` in the records).
 #[test]

@@ -116,6 +116,18 @@ pub struct RunResult {
     pub speed: Option<crate::cost::speed::SpeedReport>,
     /// Measured time against the roofline (executing TPU backends).
     pub efficiency: Option<crate::cost::speed::Efficiency>,
+    /// Which environment exported the module (exporting backends).
+    pub exporter: Option<ExporterInfo>,
+}
+
+/// The environment an implementation's module was exported in, recorded with every trial
+/// of an exporting backend: results from another jax or venv are not comparable blindly.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExporterInfo {
+    /// `jax.__version__` of the exporter.
+    pub jax_version: String,
+    /// The Python interpreter that ran it.
+    pub python: String,
 }
 
 /// How a run is measured.

@@ -190,6 +190,7 @@ impl PjrtCpu {
             timing,
             memory: res.memory,
             cost: res.cost,
+            exporter: Some(self.exporter.info(imp, &spec)),
             ..Default::default()
         })
     }

@@ -708,6 +708,14 @@ impl Exporter {
         })
     }
 
+    /// What a trial records of the environment that exported `manifest` for `imp`.
+    pub fn info(&self, imp: &ImplConfig, manifest: &Manifest) -> crate::backends::ExporterInfo {
+        crate::backends::ExporterInfo {
+            jax_version: manifest.jax_version.clone(),
+            python: self.env_of(imp).python.display().to_string(),
+        }
+    }
+
     /// The environment that exports `imp`: its entry's `python` / `pythonpath`, else the
     /// suite's.
     pub fn env_of(&self, imp: &ImplConfig) -> PyEnv {

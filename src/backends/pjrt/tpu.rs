@@ -162,6 +162,7 @@ mod imp {
                 timing: Some(res.timing),
                 memory: res.memory,
                 cost: res.cost,
+                exporter: Some(self.exporter.info(imp, &spec)),
                 ..Default::default()
             };
             fill_speed(&mut out, res.derived, res.device_kind.as_deref(), case);

@@ -471,6 +471,7 @@ impl Backend for TpuAot {
                 crate::env::LIBTPU,
             )
         })?;
+        res.exporter = Some(self.exporter.info(imp, &manifest));
         let floor = res.memory.as_ref().and_then(|m| m.floor_bytes);
         res.derived = res.derived.take().map(|d| d.with_ratios(case, floor));
         let generation = self.generation();
