@@ -670,6 +670,9 @@ mod token_tests {
         ] {
             assert_eq!(is_clipped(r, a, &k), want, "r {r}, A {a}");
         }
+        // Exactly on an edge is not clipped (SPEC: strictly outside).
+        assert!(!is_clipped(1.0 - k.epsilon_low, -1.0, &k));
+        assert!(!is_clipped(1.0 + k.epsilon_high, 1.0, &k));
     }
 
     #[test]
