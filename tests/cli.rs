@@ -355,19 +355,23 @@ fn a_scaled_tolerance_is_loud_in_the_summary() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("TOLERANCES SCALED ×0.5"));
 }
 
+/// The first `run` record of a ci run of TAU_CASE under `config` (the run must succeed).
+fn tau_case_run_record(config: &str, env: &[(&str, &str)]) -> serde_json::Value {
+    let (o, d) = run_with(config, &["--suite", "ci", "--filter", TAU_CASE], env);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(d.path().join("r.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["kind"] == "run")
+        .expect("a run record")
+}
+
 /// Every trial of an exporting backend records the exporter's jax and interpreter.
 #[test]
 #[cfg(feature = "pjrt")]
 fn records_name_the_exporters_jax_and_python() {
     let cfg = "backends:\n  pjrt-cpu: {implementations: [jax_baseline]}\n";
-    let (o, d) = run_with(cfg, &["--suite", "ci", "--filter", TAU_CASE], &[]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let text = std::fs::read_to_string(d.path().join("r.jsonl")).unwrap();
-    let run = text
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|r| r["kind"] == "run")
-        .expect("a run record");
+    let run = tau_case_run_record(cfg, &[]);
     let pinned = std::fs::read_to_string(repo_root().join("backends/jax/requirements.lock"))
         .unwrap()
         .lines()
@@ -384,14 +388,7 @@ fn records_name_the_exporters_jax_and_python() {
 fn the_tolerance_scale_reaches_the_gates() {
     let cfg = "backends:\n  reference: {implementations: [naive_f32]}\n";
     let used = |env: &[(&str, &str)]| {
-        let (o, d) = run_with(cfg, &["--suite", "ci", "--filter", TAU_CASE], env);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let text = std::fs::read_to_string(d.path().join("r.jsonl")).unwrap();
-        let run = text
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .find(|r| r["kind"] == "run")
-            .expect("a run record");
+        let run = tau_case_run_record(cfg, env);
         run["gates"]
             .as_array()
             .unwrap()
