@@ -11,6 +11,10 @@ through the user's function (so its ``custom_vjp``, if any, is what runs backwar
     IMPLEMENTATION = from_logits_fn(my_logp, id="my_logp")          # (logits, ids) -> logp
     CE = from_fused_fn(my_ce, id="my_ce", returns="cross_entropy")  # (hidden, lm_head, ids) -> CE
 
+A kernel that computes GRPO's per-token loss itself (clipping in its own VJP, ε and τ in
+its own config) goes through ``from_per_token_loss_fn`` (module
+``per_token_loss_adapter``, re-exported here).
+
 The function is called with SPEC's shapes: logits [B, T, V] (or [B*T, V] with
 ``flatten=True``), hidden [B, T, H] / lm_head [H, V], chosen_ids [B, T] int32, plus the
 implementation's resolved ``impl_options`` as keyword arguments, plus ``temperature=τ``
@@ -38,6 +42,8 @@ import jax.numpy as jnp
 from .impls import grpo_math
 from .impls.interface import Capabilities, Implementation
 from .spec import LOGITS_DTYPES, Knobs, Problem, RequestError
+
+from .per_token_loss_adapter import from_per_token_loss_fn  # noqa: F401 (public API)
 
 f32 = jnp.float32
 RETURNS = ("logp", "logp_entropy", "cross_entropy")
