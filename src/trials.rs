@@ -21,7 +21,7 @@ use crate::golden::{self, Check};
 use crate::runner::{run_trial, CaseCache, Prepared, TrialKind, TrialOutcome, Verdict};
 use anyhow::{bail, Result};
 use std::collections::HashMap;
-use std::path::PathBuf;
+
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -92,6 +92,26 @@ impl Trial {
     }
 }
 
+/// Whether a `grpo-suite` filter selects `name` (a trial name or a case id):
+/// - by default its `/`-separated parts are whole, consecutive segments of the name
+///   (`logits/` selects `…/logits/…`, not `…-inputlogits/…`; `b2_t8_v2049` is one segment);
+/// - with a `*` it is a glob over the whole name (`*` also crosses `/`): `*_v2049/*`;
+/// - after `~` it is a plain substring: `~_v20`.
+pub fn filter_matches(pattern: &str, name: &str) -> bool {
+    if let Some(sub) = pattern.strip_prefix('~') {
+        return name.contains(sub);
+    }
+    if pattern.contains('*') {
+        return crate::config::glob_match(pattern, name);
+    }
+    let want: Vec<&str> = pattern.split('/').filter(|s| !s.is_empty()).collect();
+    if want.is_empty() {
+        return true;
+    }
+    let have: Vec<&str> = name.split('/').collect();
+    have.windows(want.len()).any(|w| w == want.as_slice())
+}
+
 /// Which trials a front end selected: libtest's filter semantics (a name containing any
 /// filter, none of the skips; `exact` compares whole names), plus backend and
 /// implementation lists of `grpo-suite run`.
@@ -103,6 +123,9 @@ pub struct Selection {
     pub skip: Vec<String>,
     /// Whole-name comparison instead of substrings.
     pub exact: bool,
+    /// Filters are `grpo-suite` patterns ([`filter_matches`]: whole path segments, a
+    /// `*`-glob, or `~substring`) instead of libtest substrings.
+    pub segments: bool,
     /// Keep only run trials of these backends (all when empty).
     pub backends: Vec<String>,
     /// Keep only run trials of these implementations (all when empty).
@@ -115,6 +138,8 @@ impl Selection {
         let m = |pat: &String| {
             if self.exact {
                 &t.name == pat
+            } else if self.segments {
+                filter_matches(pat, &t.name)
             } else {
                 t.name.contains(pat.as_str())
             }
@@ -147,8 +172,8 @@ pub struct Plan {
     pub trials: Vec<Trial>,
     /// Backends that are unavailable here (name, why).
     pub unavailable: Vec<backends::Unavailable>,
-    /// Golden directory.
-    pub golden_dir: PathBuf,
+    /// Where each case's golden file is (the suite's `golden/`, or a user's directory).
+    pub golden: crate::cases::GoldenDirs,
     /// Rewrite golden files instead of checking them.
     pub bless: bool,
     reference: Arc<dyn Backend>,
@@ -365,7 +390,7 @@ impl Plan {
             cases,
             trials,
             unavailable,
-            golden_dir: crate::repo_root().join("golden"),
+            golden: crate::cases::GoldenDirs::suite_only(crate::repo_root().join("golden")),
             bless,
             reference: Arc::new(backends::ReferenceBackend::default()),
         })
@@ -558,12 +583,12 @@ impl Plan {
                 let prep = cache.get(case);
                 let res = if self.bless {
                     golden::store(
-                        &golden::path(&self.golden_dir, case),
+                        &golden::path(self.golden.dir_for(case), case),
                         &golden::compute(case, &prep.inputs, &prep.oracle),
                     )
                     .map(|_| Check::Match)
                 } else {
-                    golden::check(&self.golden_dir, case, &prep.inputs, &prep.oracle)
+                    golden::check(self.golden.dir_for(case), case, &prep.inputs, &prep.oracle)
                 };
                 drop(prep);
                 cache.done(case);
@@ -708,5 +733,40 @@ impl Tally {
     pub fn green(&self) -> bool {
         self.passed + self.expected_fail > 0
             && self.failed + self.errors + self.unexpected_pass == 0
+    }
+}
+
+#[cfg(test)]
+mod filter_tests {
+    use super::filter_matches;
+
+    const NAME: &str = "pjrt-cpu/jax_baseline/fused/bf16-inputlogits/b2_t8_v2049_h64/grpo/eps0.2-0.28/beta0/normal1-random-mixed";
+
+    #[test]
+    fn whole_segments_by_default() {
+        assert!(filter_matches("fused/", NAME));
+        assert!(filter_matches("pjrt-cpu/jax_baseline/fused", NAME));
+        assert!(filter_matches("b2_t8_v2049_h64/grpo", NAME));
+        assert!(filter_matches(NAME, NAME));
+        assert!(
+            !filter_matches("logits/", NAME),
+            "inputlogits is not logits"
+        );
+        assert!(!filter_matches("bf16", NAME));
+        assert!(!filter_matches("b2_t8", NAME));
+        assert!(
+            !filter_matches("jax_baseline/bf16-inputlogits", NAME),
+            "not consecutive"
+        );
+    }
+
+    #[test]
+    fn globs_and_substrings_on_request() {
+        assert!(filter_matches("*/bf16-*", NAME));
+        assert!(filter_matches("*_v2049_*", NAME));
+        assert!(!filter_matches("*_v2048_*", NAME));
+        assert!(filter_matches("~inputlogits", NAME));
+        assert!(filter_matches("~_t8_v20", NAME));
+        assert!(!filter_matches("~_t9", NAME));
     }
 }

@@ -40,7 +40,12 @@ fn a_typo_in_a_case_file_is_one_line_naming_file_line_and_key() {
         "groups:\n  - name: g\n    suites: [ci]\n    fixed: {b: 1, t: 2, v: 9, tempreture: 1.0}\n",
     )
     .unwrap();
-    let o = suite(&["--cases", dir.path().to_str().unwrap(), "cases"]);
+    let o = suite(&[
+        "--replace-cases",
+        "--cases",
+        dir.path().to_str().unwrap(),
+        "cases",
+    ]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
     assert_eq!(e.trim().lines().count(), 1, "{e}");
@@ -838,6 +843,7 @@ fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
     let rec = other.path().join("r.jsonl");
     let o = grpo_suite()
         .args([
+            "--replace-cases",
             "--cases",
             dir.path().to_str().unwrap(),
             "run",
@@ -859,6 +865,7 @@ fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
     );
     let id = String::from_utf8(
         suite(&[
+            "--replace-cases",
             "--cases",
             dir.path().to_str().unwrap(),
             "cases",
@@ -869,6 +876,7 @@ fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
     )
     .unwrap();
     let o = suite(&[
+        "--replace-cases",
         "--cases",
         dir.path().to_str().unwrap(),
         "inputs",
@@ -881,6 +889,7 @@ fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
     // b·t·v that overflows 64-bit byte counts is a case-file error, not a panic.
     std::fs::write(dir.path().join("big.yaml"), "groups:\n  - name: big\n    suites: [smoke]\n    fixed: {b: 4000000000, t: 4000000000, v: 2000000000}\n").unwrap();
     let o = suite(&[
+        "--replace-cases",
         "--cases",
         dir.path().to_str().unwrap(),
         "cases",
@@ -937,7 +946,15 @@ fn host_memory_refusal_respects_rlimit_as_and_golden_reports_it() {
     let rec = other.path().join("r.jsonl");
     let cases = dir.path().to_str().unwrap();
     let o = grpo_suite_with_rlimit_as(4 << 30)
-        .args(["--cases", cases, "run", "--suite", "smoke", "--config"])
+        .args([
+            "--replace-cases",
+            "--cases",
+            cases,
+            "run",
+            "--suite",
+            "smoke",
+            "--config",
+        ])
         .arg(&cfg)
         .arg("--records")
         .arg(&rec)
@@ -966,15 +983,33 @@ fn host_memory_refusal_respects_rlimit_as_and_golden_reports_it() {
     // `golden update` and `golden check` on a case refused by the memory check say so
     // (one line naming the case and the reason) and exit 2; update used to say
     // "0 unchanged, 0 changed, 0 new" and exit 0, check "cases differ; re-bless".
-    let id =
-        String::from_utf8(suite(&["--cases", cases, "cases", "--suite", "smoke"]).stdout).unwrap();
+    let id = String::from_utf8(
+        suite(&[
+            "--replace-cases",
+            "--cases",
+            cases,
+            "cases",
+            "--suite",
+            "smoke",
+        ])
+        .stdout,
+    )
+    .unwrap();
     let gold = other.path().join("golden");
     std::fs::create_dir_all(&gold).unwrap();
     let gold = gold.to_str().unwrap();
     for action in ["update", "check"] {
         let o = grpo_suite_with_rlimit_as(4 << 30)
             .args([
-                "--cases", cases, "golden", action, "--suite", "smoke", "--dir", gold,
+                "--replace-cases",
+                "--cases",
+                cases,
+                "golden",
+                action,
+                "--suite",
+                "smoke",
+                "--dir",
+                gold,
             ])
             .output()
             .unwrap();
@@ -1278,7 +1313,15 @@ fn a_compile_only_case_runs_on_tpu_aot_only_and_generates_nothing() {
     let t0 = std::time::Instant::now();
     let (o, d) = run_with(
         cfg,
-        &["--cases", cases, "--suite", "smoke", "--repeats", "0"],
+        &[
+            "--replace-cases",
+            "--cases",
+            cases,
+            "--suite",
+            "smoke",
+            "--repeats",
+            "0",
+        ],
         &[],
     );
     assert!(
@@ -1569,7 +1612,7 @@ fn cases_outside_the_f32_contract_are_refused_when_they_load() {
             format!("groups:\n  - name: g\n    suites: [ci]\n    fixed: {{b: 1, t: 2, v: 9, {fixed}}}\n"),
         )
         .unwrap();
-        let o = suite(&["--cases", dir.path().to_str().unwrap(), "cases"]);
+        let o = suite(&["--replace-cases", "--cases", dir.path().to_str().unwrap(), "cases"]);
         let e = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{fixed}: {e}");
         assert_eq!(e.trim().lines().count(), 1, "{e}");
@@ -1613,4 +1656,191 @@ fn paths_a_config_names_must_exist() {
         assert_eq!(e.trim().lines().count(), 1, "{e}");
         assert!(e.contains(&format!("{}: {want}", cfg.display())), "{e}");
     }
+}
+
+/// A user's case directory is added to the suite's matrix; its golden files live in the
+/// user's directory (`DIR/golden`, or `--golden-dir`), a missing one is one line before
+/// anything runs, and a blessed run is green without writing into this checkout.
+#[test]
+fn a_users_cases_with_their_own_golden_dir_run_green_without_writing_into_the_checkout() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = dir.path().join("cases");
+    std::fs::create_dir_all(&cases).unwrap();
+    std::fs::write(
+        cases.join("mine.yaml"),
+        "groups:\n  - name: mine\n    suites: [smoke]\n    fixed: {b: 1, t: 5, v: 777, dtype: f32, beta: 0.04}\n",
+    )
+    .unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "backends:\n  reference: {implementations: [oracle]}\n",
+    )
+    .unwrap();
+    let c = cases.to_str().unwrap();
+    let ids = |extra: &[&str]| {
+        let mut a = vec!["--cases", c];
+        a.extend(extra);
+        a.extend(["cases", "--suite", "smoke"]);
+        String::from_utf8(suite(&a).stdout).unwrap()
+    };
+    let added = ids(&[]);
+    let mine: Vec<&str> = added.lines().filter(|l| l.contains("_v777/")).collect();
+    assert_eq!(mine.len(), 1, "{added}");
+    let ours = String::from_utf8(suite(&["cases", "--suite", "smoke"]).stdout).unwrap();
+    assert_eq!(
+        added.lines().count(),
+        ours.lines().count() + 1,
+        "--cases adds"
+    );
+    assert_eq!(
+        ids(&["--replace-cases"]).trim(),
+        mine[0],
+        "--replace-cases replaces"
+    );
+
+    fn files(d: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let Ok(rd) = std::fs::read_dir(d) else {
+            return vec![];
+        };
+        rd.flatten()
+            .flat_map(|e| {
+                if e.path().is_dir() {
+                    files(&e.path())
+                } else {
+                    vec![e.path()]
+                }
+            })
+            .collect()
+    }
+    let repo_golden = grpo_conformance::repo_root().join("golden");
+    let count = || files(&repo_golden).len();
+    let before = count();
+    let run = |records: &str, extra: &[&str]| {
+        let rec = dir.path().join(records);
+        let mut a = vec!["--cases", c];
+        a.extend(extra);
+        a.extend([
+            "run",
+            "--suite",
+            "smoke",
+            "--filter",
+            "b1_t5_v777",
+            "--config",
+        ]);
+        let o = grpo_suite()
+            .args(&a)
+            .arg(&cfg)
+            .arg("--records")
+            .arg(&rec)
+            .output()
+            .unwrap();
+        (o, rec)
+    };
+    // Not blessed yet: one line, before anything runs, saying how.
+    let (o, rec) = run("r0.jsonl", &[]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(
+        e.contains("1 of your cases has no golden file in")
+            && e.contains(&format!("{c}/golden"))
+            && e.contains(mine[0])
+            && e.contains("golden update --suite smoke"),
+        "{e}"
+    );
+    assert!(!rec.exists());
+    // Bless: written under DIR/golden, only the user's case, nothing in the checkout.
+    let o = suite(&["--cases", c, "golden", "update", "--suite", "smoke"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("0 unchanged, 0 changed, 1 new"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert_eq!(files(&cases.join("golden")).len(), 1);
+    let (o, rec) = run("r1.jsonl", &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rec = std::fs::read_to_string(rec).unwrap();
+    assert!(
+        rec.contains(&format!("\"golden/{}\"", mine[0])) && !rec.contains("\"error\""),
+        "{rec}"
+    );
+    // A golden file that disagrees fails the golden trial (it is really read).
+    let gold = files(&cases.join("golden")).remove(0);
+    let text = std::fs::read_to_string(&gold).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["loss"] = serde_json::json!(v["loss"].as_f64().unwrap() * 2.0 + 1.0);
+    let broken = serde_json::to_string_pretty(&v).unwrap();
+    assert_ne!(text, broken);
+    std::fs::write(&gold, broken).unwrap();
+    let (o, _) = run("r2.jsonl", &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(out.contains(&format!("FAIL golden/{}", mine[0])), "{out}");
+    std::fs::write(&gold, text).unwrap();
+    // --golden-dir elsewhere: its own (empty) directory, then blessed there.
+    let elsewhere = dir.path().join("gold2");
+    let g = elsewhere.to_str().unwrap();
+    let (o, _) = run("r3.jsonl", &["--golden-dir", g]);
+    assert!(stderr(&o).contains(g), "{}", stderr(&o));
+    let o = suite(&[
+        "--cases",
+        c,
+        "--golden-dir",
+        g,
+        "golden",
+        "update",
+        "--suite",
+        "smoke",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (o, _) = run("r4.jsonl", &["--golden-dir", g]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        count(),
+        before,
+        "nothing written into the checkout's golden/"
+    );
+}
+
+/// `run --filter` matches whole path segments: part of a segment selects nothing (an
+/// error, nothing is checked), the same text as a `~substring` selects trials.
+#[test]
+fn run_filter_matches_whole_segments_unless_asked_for_a_substring() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "backends:\n  reference: {implementations: [oracle]}\n",
+    )
+    .unwrap();
+    let run = |filter: &str| {
+        grpo_suite()
+            .args([
+                "run",
+                "--suite",
+                "smoke",
+                "--repeats",
+                "0",
+                "--filter",
+                filter,
+                "--config",
+            ])
+            .arg(&cfg)
+            .arg("--records")
+            .arg(dir.path().join(format!("{}.jsonl", filter.len())))
+            .output()
+            .unwrap()
+    };
+    let o = run("b2_t8");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("matches the selection"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run("~b2_t8_v2049/grpo/eps0.2-0.28/beta0/");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("reference/oracle"));
 }

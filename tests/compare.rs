@@ -31,7 +31,7 @@ fn record(path: &Path) {
             "--backend",
             backend,
             "--filter",
-            "b1_t4_v151",
+            "~b1_t4_v151",
             "--repeats",
             "5",
             "--records",

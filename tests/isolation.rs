@@ -363,6 +363,7 @@ fn a_truncated_plugin_is_named_not_a_sigbus() {
         dir.path(),
         &cut,
         &[
+            "--replace-cases",
             "--cases",
             cases.to_str().unwrap(),
             "--filter",

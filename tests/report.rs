@@ -117,6 +117,7 @@ fn report_survives_odd_shape_parts_and_names_output_categories() {
     .unwrap();
     let rec = dir.path().join("r.jsonl");
     let o = suite(&[
+        "--replace-cases",
         "--cases",
         cases.to_str().unwrap(),
         "run",

@@ -135,6 +135,16 @@ pub fn load_dir(dir: &Path) -> Result<Matrix> {
     merge(all)
 }
 
+/// Loads the case files of several directories into one matrix (a case defined in two
+/// places is merged as within one directory).
+pub fn load_dirs(dirs: &[&Path]) -> Result<Matrix> {
+    let mut all = Vec::new();
+    for dir in dirs {
+        all.extend(load_dir(dir)?.cases);
+    }
+    merge(all)
+}
+
 /// Loads one YAML file into its (unsorted, possibly repeated) cases.
 pub fn load_file(path: &Path) -> Result<Vec<Case>> {
     let text = std::fs::read_to_string(path)

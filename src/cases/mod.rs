@@ -3,10 +3,12 @@
 mod axes;
 mod load;
 mod profiles;
+mod sources;
 
 pub use axes::{Axes, Maybe, OneOrMany};
-pub use load::{load_dir, load_file, parse, parse_fixed, Matrix, Suite};
+pub use load::{load_dir, load_dirs, load_file, parse, parse_fixed, Matrix, Suite};
 pub use profiles::{AdvPattern, DataProfile, MaskPattern, Sharding, TierName};
+pub use sources::{CaseSources, GoldenDirs};
 
 use crate::spec::{DType, IsLevel, Knobs, Level, LogitsDtype};
 use serde::Serialize;

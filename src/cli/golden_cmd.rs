@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Result};
 use clap::Subcommand;
-use grpo_conformance::cases::{Matrix, Suite};
+use grpo_conformance::cases::{GoldenDirs, Matrix, Suite};
 use grpo_conformance::golden::{self, Check, BLESS_HINT};
 use grpo_conformance::runner::Prepared;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -14,10 +14,12 @@ pub struct GoldenArgs {
     /// smoke | ci | nightly | full
     #[arg(long, default_value = "ci")]
     suite: Suite,
-    /// Golden directory.
-    #[arg(long, default_value_os_t = grpo_conformance::repo_root().join("golden"))]
-    dir: PathBuf,
-    /// Only cases whose id contains this.
+    /// Golden directory (default: this checkout's golden/, or with --cases the cases'
+    /// own golden directory, --golden-dir).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Only cases whose id this selects: whole `/`-separated segments (`logits/bf16`), a
+    /// `*`-glob, or `~substring` (as `run --filter`).
     #[arg(long)]
     filter: Option<String>,
 }
@@ -51,7 +53,10 @@ fn bar(n: usize) -> ProgressBar {
 }
 
 /// Runs the action.
-pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
+///
+/// With `--cases DIR`, it handles the cases that only those directories define, in their
+/// own golden directory: a user's golden files never go into this checkout.
+pub fn run(matrix: &Matrix, golden_dirs: &GoldenDirs, action: GoldenAction) -> Result<()> {
     let (update, dry_run, force, GoldenArgs { suite, dir, filter }) = match action {
         GoldenAction::Update {
             args,
@@ -60,10 +65,24 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
         } => (true, dry_run, force, args),
         GoldenAction::Check(a) => (false, false, false, a),
     };
+    let users = !golden_dirs.user_ids.is_empty();
+    let ours = |c: &&grpo_conformance::cases::Case| !users || golden_dirs.is_user(c);
+    let dir = dir.unwrap_or_else(|| {
+        if users {
+            golden_dirs.user.clone()
+        } else {
+            golden_dirs.suite.clone()
+        }
+    });
     let cases: Vec<_> = matrix
         .suite(suite)
         .into_iter()
-        .filter(|c| filter.as_deref().is_none_or(|f| c.id.contains(f)))
+        .filter(ours)
+        .filter(|c| {
+            filter
+                .as_deref()
+                .is_none_or(|f| grpo_conformance::trials::filter_matches(f, &c.id))
+        })
         .filter(|c| !c.compile_only) // no inputs, oracle or golden values
         .collect();
     if cases.is_empty() {
@@ -191,7 +210,8 @@ pub fn run(matrix: &Matrix, action: GoldenAction) -> Result<()> {
             );
         }
         if suite == Suite::Full {
-            for o in golden::orphans(&dir, &matrix.suite(Suite::Full)) {
+            let all: Vec<_> = matrix.suite(Suite::Full).into_iter().filter(ours).collect();
+            for o in golden::orphans(&dir, &all) {
                 eprintln!(
                     "note: {} belongs to no case; delete it if the case was removed",
                     o.display()

@@ -9,16 +9,23 @@ mod sweep_cmd;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use grpo_conformance::cases::{self, Matrix, Suite};
+use grpo_conformance::cases::{CaseSources, GoldenDirs, Matrix, Suite};
 use std::path::PathBuf;
 
 /// Conformance and performance suite for GRPO loss kernels.
 #[derive(Debug, Parser)]
 #[command(name = "grpo-suite", version, about)]
 pub struct Cli {
-    /// Directory of case YAML files.
-    #[arg(long, global = true, default_value_os_t = grpo_conformance::repo_root().join("cases"))]
-    pub cases: PathBuf,
+    /// A directory of your own case YAML files, added to the suite's matrix (repeatable).
+    #[arg(long = "cases", global = true, value_name = "DIR")]
+    pub cases: Vec<PathBuf>,
+    /// Use the cases of the --cases directories instead of the suite's own.
+    #[arg(long, global = true)]
+    pub replace_cases: bool,
+    /// Where the cases of --cases keep their golden files (default: DIR/golden of the
+    /// first --cases DIR); the suite's own cases keep theirs in this checkout's golden/.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub golden_dir: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -137,14 +144,27 @@ fn one_line(rendered: &str) -> String {
     out
 }
 
-/// Loads the case matrix.
-pub fn load_matrix(dir: &std::path::Path) -> Result<Matrix> {
-    cases::load_dir(dir).context("loading the case matrix")
+/// The case directories the command line names.
+pub fn case_sources(cli: &Cli) -> CaseSources {
+    CaseSources {
+        suite_dir: grpo_conformance::repo_root().join("cases"),
+        user_dirs: cli.cases.clone(),
+        replace: cli.replace_cases,
+        user_golden_dir: cli.golden_dir.clone(),
+    }
+}
+
+/// Loads the case matrix and where each case's golden file is.
+pub fn load_matrix(sources: &CaseSources) -> Result<(Matrix, GoldenDirs)> {
+    sources
+        .load(grpo_conformance::repo_root().join("golden"))
+        .context("loading the case matrix")
 }
 
 /// Runs the parsed command.
 pub fn dispatch(cli: Cli) -> Result<()> {
-    let matrix = load_matrix(&cli.cases)?;
+    let sources = case_sources(&cli);
+    let (matrix, golden) = load_matrix(&sources)?;
     match cli.command {
         Command::Cases { suite, json } => {
             for c in matrix.suite(suite) {
@@ -156,10 +176,10 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Run(args) => run_cmd::run(&matrix, &cli.cases, args),
+        Command::Run(args) => run_cmd::run(&matrix, &sources, &golden, args),
         Command::Sweep(args) => sweep_cmd::run(&matrix, args),
         Command::Cost(args) => cost_cmd::run(args),
-        Command::Golden { action } => golden_cmd::run(&matrix, action),
+        Command::Golden { action } => golden_cmd::run(&matrix, &golden, action),
         Command::Report { run, baseline, out } => {
             let w = grpo_conformance::report::write(&run, baseline.as_deref(), &out)?;
             println!("wrote {} and {}", w.html.display(), w.markdown.display());
@@ -194,8 +214,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Inputs { case_id, out } => {
             let case = matrix.get(&case_id).with_context(|| {
                 format!(
-                    "no case `{case_id}` in {} (list them with `grpo-suite cases --suite full`)",
-                    cli.cases.display()
+                    "no case `{case_id}` in the case matrix (list them with `grpo-suite cases --suite full`)"
                 )
             })?;
             inputs_cmd::write(case, &out)

@@ -11,13 +11,13 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use grpo_conformance::backends::RunOptions;
-use grpo_conformance::cases::{Matrix, Suite};
+use grpo_conformance::cases::{CaseSources, GoldenDirs, Matrix, Suite};
 use grpo_conformance::child_process;
 use grpo_conformance::config::Config;
 use grpo_conformance::records::{self, RecordWriter};
 use grpo_conformance::run_identity::{self, RunIdentity};
 use grpo_conformance::runner::{CaseCache, TrialKind, TrialOutcome, Verdict};
-use grpo_conformance::trials::{Plan, Selection, Tally};
+use grpo_conformance::trials::{Plan, Selection, Tally, Work};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::{HashSet, VecDeque};
 use std::io::{BufRead, BufReader, Write};
@@ -39,8 +39,9 @@ pub struct RunArgs {
     /// Only run trials of these implementations.
     #[arg(long = "impl")]
     pub impls: Vec<String>,
-    /// Only trials whose name contains this (names are `backend/implementation/case`,
-    /// `golden/case`, `should-fail/variant`; as `cargo test -- FILTER`).
+    /// Only trials this selects (names are `backend/implementation/case`, `golden/case`,
+    /// `should-fail/variant`): whole `/`-separated segments (`logits/` is not
+    /// `-inputlogits/`), a `*`-glob over the name, or `~substring`.
     #[arg(long)]
     pub filter: Option<String>,
     /// Run configuration (default: GRPO_CONFIG, else configs/nightly.yaml for the nightly
@@ -87,7 +88,12 @@ const START: &str = "@@grpo-start ";
 const DONE: &str = "@@grpo-done ";
 
 /// Runs the trials.
-pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
+pub fn run(
+    matrix: &Matrix,
+    sources: &CaseSources,
+    golden: &GoldenDirs,
+    args: RunArgs,
+) -> Result<()> {
     let config_path = Config::path_for(args.config.as_deref(), args.suite)?;
     let config = Config::load(&config_path)?;
     let known = config.backends.names();
@@ -106,6 +112,7 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
     } else {
         Plan::build(matrix, args.suite, &config, &required, false)?
     };
+    plan.golden = golden.clone();
     let all_impls: Vec<String> = plan.trials.iter().map(|t| t.key.1.clone()).collect();
     for i in &args.impls {
         if !all_impls.contains(i) {
@@ -117,6 +124,7 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
     }
     plan.select(&Selection {
         filters: args.filter.iter().cloned().collect(),
+        segments: true,
         backends: args.backends.clone(),
         implementations: args.impls.clone(),
         ..Default::default()
@@ -129,6 +137,7 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
     if let Some(file) = &args.worker {
         return worker(plan, file, &args, &opts, identity);
     }
+    refuse_unblessed_user_cases(&plan, sources, args.suite)?;
     if plan.trials.is_empty() {
         bail!(
             "no trial of suite {} matches the selection: nothing would be checked",
@@ -233,7 +242,7 @@ pub fn run(matrix: &Matrix, cases_dir: &Path, args: RunArgs) -> Result<()> {
         supervise(
             &to_run,
             &path,
-            cases_dir,
+            sources,
             &config_path,
             &args,
             &opts,
@@ -336,12 +345,49 @@ fn worker(
     execute_all(&plan, path, args.suite, opts, &identity, None, Some(parent))
 }
 
+/// Users' cases whose golden file does not exist yet: one line for all of them, before
+/// anything runs (rather than one ERROR per golden trial), saying how to write them.
+fn refuse_unblessed_user_cases(plan: &Plan, sources: &CaseSources, suite: Suite) -> Result<()> {
+    let missing: Vec<&str> = plan
+        .trials
+        .iter()
+        .filter_map(|t| match &t.work {
+            // A case refused for host memory says so in its own trials.
+            Work::Golden(case)
+                if plan.golden.is_user(case)
+                    && grpo_conformance::trials::check_host_memory(case).is_ok()
+                    && !grpo_conformance::golden::path(plan.golden.dir_for(case), case)
+                        .exists() =>
+            {
+                Some(case.id.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    if let Some(first) = missing.first() {
+        let args: Vec<String> = sources
+            .args()
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        bail!(
+            "{} of your cases {} no golden file in {} (first: {first}); write them with `grpo-suite {} golden update --suite {}`",
+            missing.len(),
+            if missing.len() == 1 { "has" } else { "have" },
+            plan.golden.user.display(),
+            args.join(" "),
+            suite.name()
+        );
+    }
+    Ok(())
+}
+
 /// Supervises worker processes until every trial is recorded.
 #[allow(clippy::too_many_arguments)]
 fn supervise(
     names: &[String],
     path: &Path,
-    cases_dir: &Path,
+    sources: &CaseSources,
     config_path: &Path,
     args: &RunArgs,
     opts: &RunOptions,
@@ -369,8 +415,7 @@ fn supervise(
                 .collect::<String>(),
         )?;
         let mut cmd = Command::new(&exe);
-        cmd.arg("--cases")
-            .arg(cases_dir)
+        cmd.args(sources.args())
             .args(["run", "--suite", args.suite.name(), "--config"])
             .arg(config_path)
             .arg("--records")
