@@ -457,7 +457,16 @@ pub fn run_trial(
     let empty = Inputs::default();
     let inputs = prep.map(|p| &p.inputs).unwrap_or(&empty);
     match backend.run(implementation, case, inputs, opts) {
-        Err(e) => out.verdict = error_or_not_applicable(format!("{e:#}")),
+        Err(e) => {
+            let message = format!("{e:#}");
+            match message.find(BREAKS_CONTRACT) {
+                Some(i) => {
+                    out.verdict = Verdict::Fail;
+                    out.detail = Some(message[i..].to_string());
+                }
+                None => out.verdict = error_or_not_applicable(message),
+            }
+        }
         Ok(res) => {
             out.timing = res.timing;
             out.memory = res.memory;
@@ -525,6 +534,11 @@ pub fn run_trial(
     out.wall_s = t0.elapsed().as_secs_f64();
     out
 }
+
+/// The marker of a backend error that is the implementation's failure on the case, not
+/// the run's: its module breaks SPEC's output contract (outputs of SPEC's shapes in other
+/// dtypes). Such a trial is a FAIL, with the message as its detail.
+pub const BREAKS_CONTRACT: &str = "breaks SPEC's output contract: ";
 
 /// A backend's run error, or, when the backend says the case does not apply to this
 /// machine (a message containing [`NOT_APPLICABLE`], e.g. more devices than a TPU VM has

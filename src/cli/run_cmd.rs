@@ -760,7 +760,7 @@ fn print_table(outcomes: &[TrialOutcome]) {
         "case",
         "trial",
         "verdict",
-        "worst error / budget",
+        "worst rel. error / budget",
         "median",
         "peak",
         "roofline",

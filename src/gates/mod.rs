@@ -186,7 +186,7 @@ impl Acc {
         if self.d2.sqrt() > norm_bound {
             passed = false;
             why.push(format!(
-                "norm error {:.3e} > bound {:.3e}",
+                "abs norm error ‖got − want‖ {:.3e} > bound {:.3e} (rel {norm_err:.2e}, the table's figure)",
                 self.d2.sqrt(),
                 norm_bound
             ));

@@ -12,6 +12,7 @@ JSON result line per request on stdout, in order, flushed after each. Anything e
 libraries print goes to stderr. A bad request yields an ``error`` line; the batch goes on.
 
 Result: {"status":"ok","key","dir","manifest","cached"} | {"status":"unsupported","reason"}
+| {"status":"contract","message"} (outputs of SPEC's shapes in other dtypes: a FAIL)
       | {"status":"error","message","detail"}: ``message`` is one line (what, and where in the
 implementation's own code), ``detail`` the traceback. Whatever an implementation does while
 it is imported, built or traced (an exception, ``sys.exit``) is such an error line.
@@ -164,6 +165,10 @@ def built_not_provided(norm: dict) -> frozenset:
     return frozenset(get(norm["impl"]).not_provided)
 
 
+class OutputContractError(Exception):
+    """The exported module's outputs have SPEC's shapes but not its dtypes."""
+
+
 def _check_avals(kind: str, specs, avals) -> None:
     """RuntimeError naming each argument or result whose shape or dtype is not SPEC's."""
     got = [(tuple(a.shape), dtype_name(a.dtype)) for a in avals]
@@ -174,6 +179,13 @@ def _check_avals(kind: str, specs, avals) -> None:
     def fmt(shape_dtype):
         shape, dtype = shape_dtype
         return f"{dtype}[{','.join(map(str, shape))}]"
+    if kind == "output" and len(got) == len(want) and all(
+            g[0] == w[0] for g, w in zip(got, want)):
+        # Only dtypes differ: the module ran fine but breaks SPEC's output contract, which
+        # is the implementation's failure on this case (a FAIL), not an export error.
+        raise OutputContractError("; ".join(
+            f"output `{s.name}` is {g[1]}, SPEC's is {w[1]}"
+            for s, g, w in zip(specs, got, want) if g != w))
     if len(got) != len(want):
         raise RuntimeError(
             f"the module has {len(got)} {kind}s ({', '.join(map(fmt, got))}), SPEC has "
@@ -203,6 +215,8 @@ def handle_request(req, cache_dir: Path) -> dict:
             manifest.update(derive_kernels(built.fn, mod))
         cache.store(cache_dir, key, exported.mlir_module_serialized, manifest)
         return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": False}
+    except OutputContractError as exc:
+        return {"status": "contract", "message": str(exc)}
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - every failure is a result line
         return {"status": "error", "message": one_line(exc), "detail": traceback.format_exc()}
 

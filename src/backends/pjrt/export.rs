@@ -575,6 +575,11 @@ fn parse_response(line: &str, cache_dir: &Path, imp: &str, case_id: &str) -> Res
             }
         }
         "unsupported" => Exported::Unsupported(r.reason.unwrap_or_else(|| "unsupported".into())),
+        "contract" => Exported::Failed(format!(
+            "{}{}",
+            crate::runner::BREAKS_CONTRACT,
+            r.message.unwrap_or_default().replace('\n', " ")
+        )),
         _ => {
             let message = r.message.unwrap_or_default().replace('\n', " ");
             let detail = r.detail.filter(|d| !d.trim().is_empty()).and_then(|d| {
