@@ -26,6 +26,9 @@ unsupported (never computed some other way). It returns per-token values [B, T]
   returns="logp_entropy"   (logp, entropy)
   returns="cross_entropy"  −log p(chosen)
 
+Several devices: batch sharding runs the function on each device's rows (shard_map) and
+the GRPO terms on the global arrays; vocab sharding needs a per_token core (ignored).
+
 Outputs a function cannot produce (entropy, unless ``returns="logp_entropy"``) are listed
 in ``Implementation.not_provided``: the module returns zeros there, the manifest says
 "not provided", and the suite reports them as such and never gates them.
@@ -70,8 +73,10 @@ def _adapt(fn: Callable, *, id: str, description: str, level: str, returns: str,
     elif level not in capabilities.levels:
         raise ValueError(f"capabilities of {id!r} must include level {level!r}")
 
-    def per_token(k: Knobs, options: Mapping[str, Any], b: int, t: int, *args):
-        """(logp [B, T] f32, entropy [B, T] f32 or None) from the user's function."""
+    def per_token(k: Knobs, options: Mapping[str, Any], *args):
+        """(logp [B, T] f32, entropy [B, T] f32 or None) from the user's function (B and T
+        from the ids: it also runs on a batch shard)."""
+        b, t = args[-1].shape
         if flatten:
             head = args[0]
             args = (head.reshape(b * t, head.shape[-1]), *args[1:-1], args[-1].reshape(b * t))
@@ -94,19 +99,29 @@ def _adapt(fn: Callable, *, id: str, description: str, level: str, returns: str,
             ent = jax.lax.stop_gradient(ent.reshape(b, t).astype(f32))
         return logp, ent
 
+    nhead = 1 if level == "logits" else 2
+
+    def core_of(k: Knobs, options: Mapping[str, Any]):
+        def core(*head_ids):
+            logp, ent = per_token(k, options, *head_ids)
+            return logp, jnp.zeros_like(logp) if ent is None else ent  # placeholder
+        return core
+
     def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
         if problem.level != level:
             raise ValueError(f"{id} implements the {level} level only")
-        b, t = problem.b, problem.t
+        return grpo_math.spec_function(core_of(k, options), k, nhead=nhead)
 
-        def core(*head_ids):
-            logp, ent = per_token(k, options, b, t, *head_ids)
-            return logp, jnp.zeros((b, t), f32) if ent is None else ent  # placeholder
-        return grpo_math.spec_function(core, k, nhead=1 if level == "logits" else 2)
+    def build_batch_sharded(problem: Problem, k: Knobs, options: Mapping[str, Any], batch_map):
+        """Batch sharding: the user's function on each device's rows (shard_map), the GRPO
+        terms and the aggregation on the global arrays (global normalisers)."""
+        core = batch_map(core_of(k, options), nhead + 1, (1,) if level == "fused" else ())
+        return grpo_math.spec_function(core, k, nhead=nhead)
 
     return Implementation(
         id=id, description=description or f"adapter ({returns}) around {fn.__qualname__}",
         build=build, capabilities=capabilities, default_options=dict(default_options or {}),
+        build_batch_sharded=build_batch_sharded,
         not_provided=frozenset() if returns == "logp_entropy" else frozenset({"entropy"}))
 
 

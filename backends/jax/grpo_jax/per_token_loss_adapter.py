@@ -32,6 +32,10 @@ The adapter calls such a kernel as it is:
   positions are selected out, not multiplied), derives ``kl`` and ``clipped`` from the
   returned logp, and differentiates the loss through ``fn`` (so its VJP is what runs).
   Entropy, unless returned, is not provided (never gated).
+- **Several devices.** Batch sharding: the kernel runs on each device's rows
+  (``jax.shard_map``), the aggregation on the global arrays, so every normaliser is
+  global. Vocab sharding needs a per_token core (each shard's −logsumexp): ignored with
+  that reason.
 """
 
 from __future__ import annotations
@@ -165,12 +169,16 @@ def from_per_token_loss_fn(
     nhead = len(HEADS[level])
     kernel_beta = "beta" in taken
 
-    def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
-        b, t = problem.b, problem.t
-        extra = dict(config_factory(k, options, problem.platform)) if config_factory else dict(options)
-        interpret = problem.platform != "tpu"
+    def make_call(k: Knobs, options: Mapping[str, Any], platform: str):
+        """``call(*head, ids, old_logp, ref_logp, advantages, mask)`` -> the kernel's
+        per-token arrays in f32 (shapes from ``ids``: it also runs on a batch shard)."""
+        extra = dict(config_factory(k, options, platform)) if config_factory else dict(options)
+        interpret = platform != "tpu"
 
-        def call(head, ids, old_logp, ref_logp, advantages, mask):
+        def call(*arrays):
+            head = arrays[:nhead]
+            ids, old_logp, ref_logp, advantages, mask = arrays[nhead:]
+            b, t = ids.shape
             values = dict(zip(HEADS[level], head))
             values.update(chosen_ids=ids, old_logp=old_logp, ref_logp=ref_logp, mask=mask,
                           advantages=advantages,
@@ -196,24 +204,34 @@ def from_per_token_loss_fn(
                     raise RequestError(f"{id}: the function's {name} has shape {tuple(x.shape)}, "
                                        f"expected ({b}, {t})")
             return tuple(x.astype(f32) for x in out)
+        return call
 
-        if k.beta != 0 and not kernel_beta:
-            def logp_only(*head):
-                rest = (jnp.zeros((b, t), jnp.int32), jnp.zeros((b, t), f32),
-                        jnp.zeros((b, t), f32), jnp.ones((b,), f32), jnp.ones((b, t), f32))
-                return call(head, *rest)[1]
-            structs = [s.struct() for s in input_specs(problem)[:nhead]]
-            if not logp_cotangent_reaches_head(logp_only, structs, nhead):
-                raise RequestError(
-                    f"{id}: its VJP drops the cotangent of per_token_logp, so the KL term "
-                    f"(beta = {k.beta:g}) would get no gradient: the kernel must differentiate "
-                    f"its logp output, or take beta and ref_logp itself (knobs=[..., 'beta'])")
+    def probe(call, problem: Problem, k: Knobs) -> None:
+        """With β ≠ 0 added by the adapter: one line if the kernel's VJP drops logp's
+        cotangent (traced at the case's shapes; nothing runs)."""
+        if k.beta == 0 or kernel_beta:
+            return
+        b, t = problem.b, problem.t
 
+        def logp_only(*head):
+            rest = (jnp.zeros((b, t), jnp.int32), jnp.zeros((b, t), f32),
+                    jnp.zeros((b, t), f32), jnp.ones((b,), f32), jnp.ones((b, t), f32))
+            return call(*head, *rest)[1]
+        structs = [s.struct() for s in input_specs(problem)[:nhead]]
+        if not logp_cotangent_reaches_head(logp_only, structs, nhead):
+            raise RequestError(
+                f"{id}: its VJP drops the cotangent of per_token_logp, so the KL term "
+                f"(beta = {k.beta:g}) would get no gradient: the kernel must differentiate "
+                f"its logp output, or take beta and ref_logp itself (knobs=[..., 'beta'])")
+
+    def spec_function(call, k: Knobs):
+        """The SPEC function around ``call``: KL, aggregation (global normalisers: it runs
+        on the global arrays), metrics and gradients through the kernel's VJP."""
         def loss_fn(*inputs):
             head = inputs[:nhead]
             ids, old_logp, ref_logp, advantages, mask = inputs[nhead:]
             mask = mask.astype(f32)
-            out = call(head, ids.astype(jnp.int32), old_logp, ref_logp, advantages, mask)
+            out = call(*head, ids.astype(jnp.int32), old_logp, ref_logp, advantages, mask)
             ptl, logp = out[0], out[1]
             kl = grpo_math.k3_kl(logp, ref_logp, mask) if k.beta != 0 else jnp.zeros_like(logp)
             if k.beta != 0 and not kernel_beta:
@@ -222,7 +240,7 @@ def from_per_token_loss_fn(
             sg = jax.lax.stop_gradient
             log_r = grpo_math.log_ratio(sg(logp), old_logp, mask, k.importance_sampling_level)
             clipped = grpo_math.clipped_metric(jnp.exp(log_r), advantages, k)
-            entropy = sg(out[2]) if len(out) == 3 else jnp.zeros((b, t), f32)
+            entropy = sg(out[2]) if len(out) == 3 else jnp.zeros_like(logp)
             return loss, (sg(logp), sg(ptl), sg(kl), clipped, entropy)
 
         def spec_fn(*inputs):
@@ -231,9 +249,21 @@ def from_per_token_loss_fn(
             return (loss, *aux, *(g.astype(x.dtype) for g, x in zip(grads, inputs)))
         return spec_fn
 
+    def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+        call = make_call(k, options, problem.platform)
+        probe(call, problem, k)
+        return spec_function(call, k)
+
+    def build_batch_sharded(problem: Problem, k: Knobs, options: Mapping[str, Any], batch_map):
+        call = make_call(k, options, problem.platform)
+        probe(call, problem, k)
+        replicated = (1,) if level == "fused" else ()  # lm_head
+        return spec_function(batch_map(call, nhead + 5, replicated), k)
+
     return Implementation(
         id=id, description=description or f"per-token loss adapter around "
                                           f"{getattr(fn, '__qualname__', fn)}",
         build=build, capabilities=derived, default_options=dict(default_options or {}),
         extra_check=convention_reason if conventions else None,
+        build_batch_sharded=build_batch_sharded,
         not_provided=frozenset() if returns == "loss_logp_entropy" else frozenset({"entropy"}))

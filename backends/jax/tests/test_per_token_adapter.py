@@ -204,3 +204,42 @@ def test_a_kernel_without_old_logp_is_refused_at_declaration():
     with pytest.raises(ValueError, match="receives no old_logp"):
         adapters.from_per_token_loss_fn(k, id="k", level="logits",
                                         knobs=("epsilon_low", "epsilon_high"))
+
+
+def _sharded(impl, problem, knobs, inputs, devices, sharding):
+    from grpo_jax.impls import sharded
+    import numpy as np
+    opts = impl.resolve_options({})
+    assert sharded.support_reason(impl, problem, devices, sharding) is None
+    fn = sharded.build(impl, problem, knobs, opts, devices, sharding)
+    ins, outs = sharded.shardings(problem, sharding, devices)
+    out = jax.jit(fn, in_shardings=ins, out_shardings=outs)(*inputs.values())
+    return {s.name: np.asarray(jax.device_get(o)) for s, o in zip(output_specs(problem), out)}
+
+
+@pytest.mark.parametrize("knobs", [dict(loss_type="bnpo"), dict(beta=0.04, loss_type="grpo"),
+                                   dict(loss_type="dr_grpo", epsilon_high=0.28)])
+def test_adapters_run_batch_sharded_with_global_normalisers(knobs):
+    """4 devices, B = 8: the kernel on each device's 2 rows, the aggregation global
+    (bnpo's mask total spans devices: a per-device normaliser would fail the oracle)."""
+    from grpo_jax.impls import sharded
+    p = Problem("logits", 8, 6, 1000, None, "f32")
+    inputs = make_inputs(p, 5)
+    k = Knobs.from_json(knobs)
+    for impl in (impl_of(honest_kernel, returns="loss_logp_entropy"),
+                 adapters.from_logits_fn(lambda logits, chosen_ids: _logp(logits, chosen_ids, 1.0),
+                                         id="lp", returns="logp_entropy")):
+        got = _sharded(impl, p, k, inputs, 4, "batch")
+        want = oracle(inputs, k.to_json(), "logits")
+        assert compare(got, want, inputs["mask"], "f32") == [], impl.id
+        assert "batch-sharded only" in sharded.support_reason(impl, p, 4, "vocab")
+    fused = adapters.from_fused_fn(lambda hidden, lm_head, chosen_ids: _logp(
+        jnp.einsum("bth,hv->btv", hidden, lm_head, preferred_element_type=f32), chosen_ids, 1.0)[0],
+        id="fz")
+    pf = Problem("fused", 8, 4, 700, 24, "f32")
+    inputs = make_inputs(pf, 6)
+    got = _sharded(fused, pf, k, inputs, 4, "batch")
+    got.pop("entropy")
+    want = oracle(inputs, k.to_json(), "fused")
+    want.pop("entropy")
+    assert compare(got, want, inputs["mask"], "f32") == []

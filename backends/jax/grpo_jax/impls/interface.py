@@ -91,6 +91,13 @@ class Implementation:
     # dhidden comes back in f32 unrounded (the wrapper sums shards' partials in f32).
     # None: the implementation runs on one device only.
     per_token: Optional[Callable] = None
+    # Batch sharding without a per_token core (the adapters around users' kernels):
+    # ``build_batch_sharded(problem, knobs, options, batch_map)`` -> the SPEC function on
+    # the global arrays, where ``batch_map(f, nargs, replicated=())`` wraps a function of
+    # ``nargs`` arrays, each split on B except the positions in ``replicated`` (lm_head),
+    # returning per-sequence arrays, to run on each device's shard (``jax.shard_map``).
+    # Every normaliser stays global: the aggregation runs outside, on global arrays.
+    build_batch_sharded: Optional[Callable] = None
     # The option values worth comparing on TPU (``grpo-suite sweep``): option -> values;
     # the sweep compiles every combination deviceless. Empty: nothing to sweep.
     search_space: Mapping[str, tuple] = field(default_factory=dict)

@@ -57,7 +57,10 @@ def support_reason(impl: Implementation, p: Problem, devices: int, sharding: str
     """None if the implementation can run sharded this way, else why not."""
     if devices == 1:
         return None
-    if impl.per_token is None:
+    if impl.per_token is None and (sharding == "vocab" or impl.build_batch_sharded is None):
+        if impl.build_batch_sharded is not None:
+            return ("vocab sharding needs a per_token core (each shard's −logsumexp for the "
+                    "vocab-parallel combine); this kernel runs batch-sharded only")
         return (f"runs on one device only (no per_token core for the {sharding}-sharded "
                 f"wrapper)")
     if sharding == "batch" and p.b % devices:
@@ -155,6 +158,14 @@ def build(impl: Implementation, problem: Problem, k: Knobs, options: Mapping[str
     m = mesh(devices)
     level, n = problem.level, devices
     nhead = 1 if level == "logits" else 2
+    if impl.per_token is None:  # support_reason allowed batch sharding only
+        assert sharding == "batch" and impl.build_batch_sharded is not None
+
+        def batch_map(f, nargs, replicated=()):
+            in_specs = tuple(P() if i in replicated else P(AXIS) for i in range(nargs))
+            return jax.shard_map(f, mesh=m, in_specs=in_specs, out_specs=P(AXIS),
+                                 check_vma=False)
+        return impl.build_batch_sharded(problem, k, options, batch_map)
     v, v_pad = problem.v, padded_v(problem.v, n)
     if sharding == "batch":
         local = dataclasses.replace(problem, b=problem.b // n)
