@@ -269,16 +269,25 @@ impl BackendsConfig {
         Ok(())
     }
 
-    /// Makes implementation entries' `python` / `pythonpath` absolute against `base`.
+    /// Makes implementation entries' `python` / `pythonpath` and the backends' `plugin`
+    /// absolute against `base` (the config file's directory).
     pub fn resolve_paths(&mut self, base: &std::path::Path) {
+        let plugin = |p: &mut Option<std::path::PathBuf>| {
+            if let Some(q) = p.as_mut().filter(|q| q.is_relative()) {
+                *q = base.join(&*q);
+            }
+        };
         if let Some(c) = &mut self.pjrt_cpu {
             crate::config::resolve_entry_paths(&mut c.implementations, base);
+            plugin(&mut c.plugin);
         }
         if let Some(c) = &mut self.tpu_aot {
             crate::config::resolve_entry_paths(&mut c.implementations, base);
+            plugin(&mut c.plugin);
         }
         if let Some(c) = &mut self.pjrt_tpu {
             crate::config::resolve_entry_paths(&mut c.implementations, base);
+            plugin(&mut c.plugin);
         }
     }
 

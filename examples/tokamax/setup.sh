@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the pinned Python 3.12 environment of the tokamax example once (.venvs/tokamax,
+# from requirements.lock: tokamax 0.0.17 from PyPI, jax 0.11.2) and installs the suite's
+# grpo_jax into it (out of tree: the checkout stays unchanged). Idempotent: a stamp of the
+# lock file skips the work when nothing changed.
+#
+# Exit status 0 ready; 3 PyPI is unreachable or no Python 3.12 (the one line says which:
+# scripts/nightly.sh then skips the example with that reason); anything else a failure.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+venv=".venvs/tokamax"
+lock="examples/tokamax/requirements.lock"
+stamp="$venv/.lock-$(cat "$lock" backends/jax/pyproject.toml | sha256sum | cut -c1-16)"
+[ -f "$stamp" ] && exit 0
+py="${GRPO_TOKAMAX_PYTHON:-}"
+if [ -z "$py" ]; then
+  for c in python3.12 "$(pyenv root 2>/dev/null)/versions/"3.12*/bin/python; do
+    if [ -x "$(command -v "$c" 2>/dev/null || echo "$c")" ] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+      py="$c"; break
+    fi
+  done
+fi
+if [ -z "$py" ]; then
+  echo "skip: examples/tokamax needs Python 3.12 (tokamax 0.0.17 requires it): none found (python3.12, pyenv); set GRPO_TOKAMAX_PYTHON" >&2
+  exit 3
+fi
+if ! "$py" -c 'import urllib.request; urllib.request.urlopen("https://pypi.org/simple/tokamax/", timeout=15)' 2>/dev/null; then
+  echo "skip: examples/tokamax: PyPI (https://pypi.org/simple/tokamax/) is unreachable; the example's venv cannot be built" >&2
+  exit 3
+fi
+echo "[tokamax] creating $venv from $lock with $("$py" --version 2>&1)" >&2
+rm -rf "$venv"
+"$py" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$lock"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation backends/jax
+touch "$stamp"
