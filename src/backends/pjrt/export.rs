@@ -312,8 +312,10 @@ pub fn explain_compile_failure(
     if manifest.jax_version == pinned || !compile {
         return err;
     }
+    // The plugin's own message spans lines (MLIR notes): one line, like every trial error.
+    let plugin_error = text.split_whitespace().collect::<Vec<_>>().join(" ");
     anyhow!(
-        "the module of `{}` was exported by jax {} but the PJRT plugin {} is tested with jax {pinned} (this suite's pin) and could not compile it: a newer jax may emit StableHLO the plugin cannot read; install a plugin built for jax {} and set `{config_key}` (or {}) to it, or export with jax {pinned} (docs/external.md). Plugin error: {err:#}",
+        "the module of `{}` was exported by jax {} but the PJRT plugin {} is tested with jax {pinned} (this suite's pin) and could not compile it: a newer jax may emit StableHLO the plugin cannot read; install a plugin built for jax {} and set `{config_key}` (or {}) to it, or export with jax {pinned} (docs/external.md). Plugin error: {plugin_error}",
         manifest.implementation,
         manifest.jax_version,
         plugin.display(),
@@ -1020,7 +1022,8 @@ mod tests {
         );
         let plugin = Path::new("/p/xla_cpu.so");
         let e = explain_compile_failure(
-            anyhow!("compile of m: unknown op vhlo.foo_v9"),
+            // The plugin's message spans lines (as xla_cpu_pjrt's MLIR notes do).
+            anyhow!("compile of m: unknown op vhlo.foo_v9\n  -:0:0: note: in bytecode version 6\n"),
             &manifest("0.99.0"),
             plugin,
             "backends.pjrt-cpu.plugin",
@@ -1034,7 +1037,8 @@ mod tests {
         assert!(
             m.contains("backends.pjrt-cpu.plugin")
                 && m.contains("/p/xla_cpu.so")
-                && m.contains("vhlo.foo_v9"),
+                && m.contains("vhlo.foo_v9")
+                && m.contains("foo_v9 -:0:0: note: in bytecode version 6"),
             "{m}"
         );
         assert_eq!(m.lines().count(), 1, "{m}");
