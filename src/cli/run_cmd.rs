@@ -355,6 +355,7 @@ fn refuse_unblessed_user_cases(plan: &Plan, sources: &CaseSources, suite: Suite)
             // A case refused for host memory says so in its own trials.
             Work::Golden(case)
                 if plan.golden.is_user(case)
+                    && !case.compile_only // no golden values: its trial says so
                     && grpo_conformance::trials::check_host_memory(case).is_ok()
                     && !grpo_conformance::golden::path(plan.golden.dir_for(case), case)
                         .exists() =>

@@ -243,3 +243,17 @@ def test_adapters_run_batch_sharded_with_global_normalisers(knobs):
     want = oracle(inputs, k.to_json(), "fused")
     want.pop("entropy")
     assert compare(got, want, inputs["mask"], "f32") == []
+
+
+def test_the_mllm_jax_example_uses_the_public_adapter_only():
+    """examples/mllm_jax wraps the seeds' kernels by config alone: from grpo_jax it imports
+    the adapters module and nothing else (no suite internals)."""
+    import ast
+    from pathlib import Path
+    src = Path(__file__).resolve().parents[3] / "examples" / "mllm_jax" / "mllm_grpo.py"
+    tree = ast.parse(src.read_text())
+    ours = [n.module if isinstance(n, ast.ImportFrom) else a.name
+            for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+            for a in (n.names if isinstance(n, ast.Import) else [None])
+            if (n.module if isinstance(n, ast.ImportFrom) else a.name or "").startswith("grpo_jax")]
+    assert ours == ["grpo_jax.adapters"], ours
