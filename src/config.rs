@@ -127,6 +127,15 @@ impl ExpectedFailure {
     }
 }
 
+/// Whether an entry's `cases` glob selects `case_id`: a `*`-glob, or after a leading `!`
+/// every case the glob does not match.
+pub fn cases_glob_covers(glob: &str, case_id: &str) -> bool {
+    match glob.strip_prefix('!') {
+        Some(g) => !glob_match(g, case_id),
+        None => glob_match(glob, case_id),
+    }
+}
+
 /// `*`-glob match (no other metacharacters).
 pub fn glob_match(pattern: &str, text: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
@@ -270,7 +279,8 @@ pub struct ImplConfig {
     pub pythonpath: Vec<PathBuf>,
     /// Only cases whose id matches this glob get a trial of this entry (default: every
     /// case of the suite), e.g. `"*/d8-*"` to run Pallas interpret mode on the small
-    /// 8-device cases of the nightly tier and not on its full-size ones.
+    /// 8-device cases of the nightly tier and not on its full-size ones; `"!glob"`: every
+    /// case but those.
     #[serde(default)]
     pub cases: Option<String>,
 }
@@ -594,6 +604,9 @@ mod tests {
         assert!(!glob_match("logits/f32", "logits/f32/x"));
         assert!(glob_match("a*b*c", "a--b--c"));
         assert!(!glob_match("a*b*c", "a--c--b"));
+        assert!(cases_glob_covers("*/f32/*", "logits/f32/x"));
+        assert!(!cases_glob_covers("!*/f32/*", "logits/f32/x"));
+        assert!(cases_glob_covers("!*/bf16/*", "logits/f32/x"));
     }
 }
 

@@ -206,7 +206,7 @@ fn configured_implementations(config: &Config, backend: &str) -> Vec<(String, Op
 fn covers(cases: &Option<String>, case_id: &str) -> bool {
     cases
         .as_deref()
-        .is_none_or(|g| crate::config::glob_match(g, case_id))
+        .is_none_or(|g| crate::config::cases_glob_covers(g, case_id))
 }
 
 impl Plan {
@@ -288,6 +288,7 @@ impl Plan {
         for b in &names {
             for (i, g) in configured_implementations(config, b) {
                 if let Some(g) = g.filter(|g| {
+                    let g = g.strip_prefix('!').unwrap_or(g);
                     !matrix
                         .suite(Suite::Full)
                         .iter()

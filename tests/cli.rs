@@ -188,7 +188,7 @@ fn run_writes_one_jsonl_record_per_trial_and_a_table() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8(o.stdout).unwrap();
-    assert!(out.contains("case") && out.contains("verdict") && out.contains("worst error"));
+    assert!(out.contains("case") && out.contains("verdict") && out.contains("worst rel. error"));
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&rec)
         .unwrap()
         .lines()
