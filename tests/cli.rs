@@ -1816,30 +1816,14 @@ fn a_users_cases_with_their_own_golden_dir_run_green_without_writing_into_the_ch
 /// error, nothing is checked), the same text as a `~substring` selects trials.
 #[test]
 fn run_filter_matches_whole_segments_unless_asked_for_a_substring() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.yaml");
-    std::fs::write(
-        &cfg,
-        "backends:\n  reference: {implementations: [oracle]}\n",
-    )
-    .unwrap();
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\n";
     let run = |filter: &str| {
-        grpo_suite()
-            .args([
-                "run",
-                "--suite",
-                "smoke",
-                "--repeats",
-                "0",
-                "--filter",
-                filter,
-                "--config",
-            ])
-            .arg(&cfg)
-            .arg("--records")
-            .arg(dir.path().join(format!("{}.jsonl", filter.len())))
-            .output()
-            .unwrap()
+        run_with(
+            cfg,
+            &["--suite", "smoke", "--repeats", "0", "--filter", filter],
+            &[],
+        )
+        .0
     };
     let o = run("b2_t8");
     assert_eq!(o.status.code(), Some(2));

@@ -145,6 +145,13 @@ pub fn load_dirs(dirs: &[&Path]) -> Result<Matrix> {
     merge(all)
 }
 
+impl Matrix {
+    /// This matrix and `other` as one (a case in both is merged as within one directory).
+    pub fn merged(self, other: Matrix) -> Result<Matrix> {
+        merge(self.cases.into_iter().chain(other.cases).collect())
+    }
+}
+
 /// Loads one YAML file into its (unsorted, possibly repeated) cases.
 pub fn load_file(path: &Path) -> Result<Vec<Case>> {
     let text = std::fs::read_to_string(path)

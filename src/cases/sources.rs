@@ -104,9 +104,7 @@ impl CaseSources {
         let matrix = if self.replace {
             user_matrix
         } else {
-            let mut all: Vec<&Path> = vec![&self.suite_dir];
-            all.extend(users);
-            load_dirs(&all)?
+            suite_matrix.merged(user_matrix)?
         };
         Ok((matrix, dirs))
     }

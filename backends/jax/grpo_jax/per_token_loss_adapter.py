@@ -96,16 +96,16 @@ def _binding(fn: Callable, level: str, inputs: Mapping[str, str]) -> dict[str, s
 def _depends_on(jaxpr, index: int) -> bool:
     """Whether any output of ``jaxpr`` is computed from its input ``index`` (a conservative
     data-flow walk: an equation's outputs depend on all of its inputs)."""
-    target = jaxpr.invars[index]
-    needed = {v for v in jaxpr.outvars if hasattr(v, "count") or type(v).__name__ == "Var"}
-    needed = {id(v) for v in needed}
+    def var_ids(vs):
+        return {id(v) for v in vs if type(v).__name__ != "Literal"}
+    needed = var_ids(jaxpr.outvars)
     for eqn in reversed(jaxpr.eqns):
-        if any(id(o) in needed for o in eqn.outvars):
-            needed.update(id(v) for v in eqn.invars if type(v).__name__ != "Literal")
-    return id(target) in needed
+        if var_ids(eqn.outvars) & needed:
+            needed |= var_ids(eqn.invars)
+    return id(jaxpr.invars[index]) in needed
 
 
-def logp_cotangent_reaches_head(call: Callable, head_structs, nhead: int) -> bool:
+def logp_cotangent_reaches_head(call: Callable, head_structs) -> bool:
     """Trace the VJP of the kernel's logp output alone (abstract shapes, nothing runs):
     True when the head's gradient depends on logp's cotangent. ``call(*head) -> logp``."""
     def vjp_of_logp(ct, *head):
@@ -218,7 +218,7 @@ def from_per_token_loss_fn(
                     jnp.zeros((b, t), f32), jnp.ones((b,), f32), jnp.ones((b, t), f32))
             return call(*head, *rest)[1]
         structs = [s.struct() for s in input_specs(problem)[:nhead]]
-        if not logp_cotangent_reaches_head(logp_only, structs, nhead):
+        if not logp_cotangent_reaches_head(logp_only, structs):
             raise RequestError(
                 f"{id}: its VJP drops the cotangent of per_token_logp, so the KL term "
                 f"(beta = {k.beta:g}) would get no gradient: the kernel must differentiate "
