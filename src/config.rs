@@ -92,6 +92,21 @@ pub struct ExpectedFailure {
     /// Where it is tracked (an issue, a link, a note).
     #[serde(default)]
     pub link: Option<String>,
+    /// Which trials it covers: `run` (default: single calls, `cases` matching the case
+    /// id) or `trajectory` (trajectory trials, `cases` matching `<case id>/<trajectory>`).
+    #[serde(default)]
+    pub kind: ExpectedKind,
+}
+
+/// The kind of trial an expected failure covers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpectedKind {
+    /// `backend/implementation/case` trials.
+    #[default]
+    Run,
+    /// `trajectory/backend/implementation/case/trajectory` trials.
+    Trajectory,
 }
 
 fn star() -> String {
@@ -99,8 +114,18 @@ fn star() -> String {
 }
 
 impl ExpectedFailure {
-    /// Whether the entry covers the trial (backend, implementation, case id).
+    /// Whether the entry covers the run trial (backend, implementation, case id).
     pub fn matches(&self, backend: &str, implementation: &str, case_id: &str) -> bool {
+        self.kind == ExpectedKind::Run && self.covers(backend, implementation, case_id)
+    }
+
+    /// Whether the entry covers the trajectory trial (backend, implementation,
+    /// `<case id>/<trajectory label>`).
+    pub fn matches_trajectory(&self, backend: &str, implementation: &str, key: &str) -> bool {
+        self.kind == ExpectedKind::Trajectory && self.covers(backend, implementation, key)
+    }
+
+    fn covers(&self, backend: &str, implementation: &str, case_id: &str) -> bool {
         self.implementation == implementation
             && self
                 .backend
@@ -112,7 +137,8 @@ impl ExpectedFailure {
     /// One-line description for messages.
     pub fn describe(&self) -> String {
         format!(
-            "{}{} on {}{}",
+            "{}{}{} on {}{}",
+            if self.kind == ExpectedKind::Trajectory { "trajectory/" } else { "" },
             self.backend
                 .as_ref()
                 .map(|b| format!("{b}/"))

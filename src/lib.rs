@@ -31,6 +31,7 @@ pub mod run_identity;
 pub mod runner;
 pub mod spec;
 pub mod sweep;
+pub mod trajectory;
 pub mod trials;
 
 use std::path::PathBuf;

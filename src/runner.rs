@@ -156,6 +156,8 @@ pub enum TrialKind {
     ShouldFail,
     /// One option set of `grpo-suite sweep` compiled deviceless on one topology.
     Sweep,
+    /// N GRPO steps with an implementation against the exact trajectory (docs/trajectory.md).
+    Trajectory,
 }
 
 /// A trial's full result (one record line).
@@ -208,6 +210,9 @@ pub struct TrialOutcome {
     /// The exporter's jax and interpreter (exporting backends).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exporter: Option<crate::backends::ExporterInfo>,
+    /// Trajectory trials: the series and the gate's verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trajectory: Option<crate::trajectory::TrajectoryRecord>,
     /// Wall time of the whole trial (inputs, oracle, run, gates), seconds.
     pub wall_s: f64,
 }
@@ -262,6 +267,7 @@ impl TrialOutcome {
             detail: None,
             invariance: None,
             exporter: None,
+            trajectory: None,
             wall_s: 0.0,
         }
     }

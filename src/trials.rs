@@ -64,6 +64,21 @@ pub enum Work {
     Golden(Arc<Case>),
     /// A deliberately wrong reference variant that must fail some case.
     ShouldFail(Mutation),
+    /// N GRPO steps with an implementation against the exact trajectory.
+    Trajectory {
+        /// The backend (or why not).
+        target: Target,
+        /// Implementation name.
+        implementation: String,
+        /// The (fused-level) case.
+        case: Arc<Case>,
+        /// The trajectory.
+        spec: crate::trajectory::TrajectorySpec,
+        /// The expected-failure entry that covers it (the case's).
+        expected: Option<ExpectedFailure>,
+    },
+    /// The biased-dlm_head variant: passes every per-call gate, must fail a trajectory.
+    TrajectoryShouldFail,
 }
 
 /// One trial: its name and what it does.
@@ -150,7 +165,7 @@ impl Selection {
         if self.skip.iter().any(m) {
             return false;
         }
-        let is_run = matches!(t.work, Work::Run { .. });
+        let is_run = matches!(t.work, Work::Run { .. } | Work::Trajectory { .. });
         if !self.backends.is_empty() && !(is_run && self.backends.contains(&t.key.0)) {
             return false;
         }
@@ -269,10 +284,14 @@ impl Plan {
         for (k, e) in config.expected_failures.iter().enumerate() {
             let hit = names.iter().any(|b| {
                 configured_implementations(config, b).iter().any(|(i, g)| {
-                    matrix
-                        .suite(Suite::Full)
-                        .iter()
-                        .any(|c| covers(g, &c.id) && e.matches(b, i, &c.id))
+                    matrix.suite(Suite::Full).iter().any(|c| {
+                        covers(g, &c.id)
+                            && (e.matches(b, i, &c.id)
+                                || (runs_trajectories(b)
+                                    && c.trajectories.iter().any(|x| {
+                                        e.matches_trajectory(b, i, &format!("{}/{}", c.id, x.label()))
+                                    })))
+                    })
                 })
             });
             if !hit {
@@ -369,6 +388,29 @@ impl Plan {
                     });
                 }
             }
+            for spec in c.trajectories.iter().filter(|x| x.in_suite(suite)) {
+                for (b, target, impls) in targets.iter().filter(|x| runs_trajectories(&x.0)) {
+                    for (imp, _) in impls.iter().filter(|(_, g)| covers(g, &c.id)) {
+                        let key = format!("{}/{}", c.id, spec.label());
+                        let expected = config
+                            .expected_failures
+                            .iter()
+                            .find(|e| e.matches_trajectory(b, imp, &key))
+                            .cloned();
+                        trials.push(Trial {
+                            name: format!("trajectory/{b}/{imp}/{}/{}", c.id, spec.label()),
+                            key: (b.clone(), imp.clone(), format!("{}/{}", c.id, spec.label())),
+                            work: Work::Trajectory {
+                                target: target.clone(),
+                                implementation: imp.clone(),
+                                case: c.clone(),
+                                spec: spec.clone(),
+                                expected,
+                            },
+                        });
+                    }
+                }
+            }
             trials.push(Trial {
                 name: format!("golden/{}", c.id),
                 key: ("golden".into(), "oracle".into(), c.id.clone()),
@@ -383,6 +425,16 @@ impl Plan {
                     name: format!("should-fail/{imp}"),
                     key: ("reference".into(), imp, "*".into()),
                     work: Work::ShouldFail(m),
+                });
+            }
+            if cases
+                .iter()
+                .any(|c| c.trajectories.iter().any(|x| x.in_suite(suite)))
+            {
+                trials.push(Trial {
+                    name: format!("should-fail/trajectory/{TRAJECTORY_VARIANT}"),
+                    key: ("reference".into(), TRAJECTORY_VARIANT.into(), "*".into()),
+                    work: Work::TrajectoryShouldFail,
                 });
             }
         }
@@ -412,18 +464,39 @@ impl Plan {
     pub fn prepare(&self) -> Vec<(String, String)> {
         let mut per_backend: Vec<(Arc<dyn Backend>, Vec<(String, Arc<Case>)>)> = Vec::new();
         for t in &self.trials {
-            if let Work::Run {
-                target: Target::Ready(b),
-                implementation,
-                case,
-                ..
-            } = &t.work
-            {
-                match per_backend.iter_mut().find(|(x, _)| x.name() == b.name()) {
-                    Some((_, w)) => w.push((implementation.clone(), case.clone())),
-                    None => {
-                        per_backend.push((b.clone(), vec![(implementation.clone(), case.clone())]))
-                    }
+            let (b, implementation, cases) = match &t.work {
+                Work::Run {
+                    target: Target::Ready(b),
+                    implementation,
+                    case,
+                    ..
+                } => (b, implementation, vec![case.clone()]),
+                // A logits-level kernel runs a trajectory on the case's logits twin.
+                Work::Trajectory {
+                    target: Target::Ready(b),
+                    implementation,
+                    case,
+                    ..
+                } => (
+                    b,
+                    implementation,
+                    vec![
+                        case.clone(),
+                        Arc::new(crate::trajectory::loss_fns::logits_twin(case)),
+                    ],
+                ),
+                _ => continue,
+            };
+            let work = match per_backend.iter_mut().find(|(x, _)| x.name() == b.name()) {
+                Some((_, w)) => w,
+                None => {
+                    per_backend.push((b.clone(), Vec::new()));
+                    &mut per_backend.last_mut().unwrap().1
+                }
+            };
+            for c in cases {
+                if !work.iter().any(|(i, x)| i == implementation && x.id == c.id) {
+                    work.push((implementation.clone(), c));
                 }
             }
         }
@@ -455,6 +528,11 @@ impl Plan {
                 target: Target::Ready(b),
                 implementation,
                 ..
+            }
+            | Work::Trajectory {
+                target: Target::Ready(b),
+                implementation,
+                ..
             } => b.broken(implementation),
             _ => None,
         }
@@ -483,6 +561,19 @@ impl Plan {
                 ..
             } => b.supports(implementation, case).err(),
             Work::Golden(c) if c.compile_only => Some(COMPILE_ONLY_GOLDEN.into()),
+            Work::Trajectory {
+                target: Target::Unavailable {
+                    reason,
+                    required: false,
+                },
+                ..
+            } => Some(format!("backend unavailable: {reason}")),
+            Work::Trajectory {
+                target: Target::Ready(b),
+                implementation,
+                case,
+                ..
+            } => trajectory_loss(b, implementation, case).err(),
             _ => None,
         }
     }
@@ -551,17 +642,7 @@ impl Plan {
                         o
                     }
                 };
-                if let Some(e) = expected {
-                    o.verdict = match std::mem::replace(&mut o.verdict, Verdict::Pass) {
-                        Verdict::Fail | Verdict::Error(_) => Verdict::ExpectedFail(format!("{} ({})", e.reason, e.describe())),
-                        Verdict::Pass => Verdict::UnexpectedPass(format!(
-                            "passed, but the configuration lists it as an expected failure ({}: {}); remove the entry",
-                            e.describe(),
-                            e.reason
-                        )),
-                        other => other,
-                    };
-                }
+                apply_expected(&mut o, expected.as_ref());
                 o
             }
             Work::Golden(case) if case.compile_only => {
@@ -604,6 +685,42 @@ impl Plan {
                 o
             }
             Work::ShouldFail(m) => self.should_fail(t, *m),
+            Work::Trajectory {
+                target,
+                implementation,
+                case,
+                spec,
+                expected,
+            } => {
+                let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Trajectory, b, i, c);
+                match target {
+                    Target::Unavailable { reason, required } => {
+                        o.verdict = if *required {
+                            Verdict::Error(format!("required backend `{b}` unavailable: {reason}"))
+                        } else {
+                            Verdict::Ignored(format!("backend unavailable: {reason}"))
+                        };
+                    }
+                    Target::Ready(backend) => match trajectory_loss(backend, implementation, case) {
+                        Err(reason) => o.verdict = Verdict::Ignored(reason),
+                        Ok((mut f, via)) => {
+                            match crate::trajectory::execute(case, spec, f.as_mut(), via, |_| {}) {
+                                Ok(rec) => {
+                                    if !rec.judgement.passed {
+                                        o.verdict = Verdict::Fail;
+                                    }
+                                    o.detail = Some(rec.judgement.message.clone());
+                                    o.trajectory = Some(rec);
+                                }
+                                Err(e) => o.verdict = Verdict::Error(format!("{e:#}")),
+                            }
+                        }
+                    },
+                }
+                apply_expected(&mut o, expected.as_ref());
+                o
+            }
+            Work::TrajectoryShouldFail => self.trajectory_should_fail(t),
         };
         out.wall_s = t0.elapsed().as_secs_f64();
         out
@@ -646,6 +763,88 @@ impl Plan {
 }
 
 impl Plan {
+    /// The biased-dlm_head variant over the suite's trajectories: every per-call gate must
+    /// pass it on each trajectory case (else it shows nothing the per-call gates miss),
+    /// and some trajectory gate must fail it.
+    fn trajectory_should_fail(&self, t: &Trial) -> TrialOutcome {
+        use crate::trajectory::{HostLogits, LogitsFn, SHOULD_FAIL_BIAS};
+        let (b, i, c) = &t.key;
+        let mut o = TrialOutcome::new(t.name.clone(), TrialKind::ShouldFail, b, i, c);
+        let biased = || HostLogits {
+            via: LogitsFn::Naive,
+            bias: SHOULD_FAIL_BIAS,
+        };
+        let mut per_call = Vec::new();
+        let mut caught = None;
+        let mut tried = 0;
+        for case in &self.cases {
+            let specs: Vec<_> = case
+                .trajectories
+                .iter()
+                .filter(|x| x.in_suite(self.suite))
+                .collect();
+            if specs.is_empty() {
+                continue;
+            }
+            let prep = Prepared::new(case);
+            let got = match biased().outputs(case, &prep.inputs) {
+                Ok(g) => g,
+                Err(e) => {
+                    o.verdict = Verdict::Error(format!("{}: {e:#}", case.id));
+                    return o;
+                }
+            };
+            let gates = crate::gates::judge(case, &prep.inputs, &prep.oracle, &got);
+            if let Some(g) = gates.iter().find(|g| !g.passed) {
+                o.verdict = Verdict::Fail;
+                o.detail = Some(format!(
+                    "a per-call gate already catches the variant on {}: {} (it must pass every per-call gate to show what the trajectory gate adds)",
+                    case.id, g.message
+                ));
+                return o;
+            }
+            if let Some(g) = gates
+                .iter()
+                .find(|g| g.output == crate::spec::OutputName::DlmHead)
+            {
+                per_call.push(format!("{} {:.2e}", case.dtype.name(), g.norm_err));
+            }
+            for spec in specs {
+                tried += 1;
+                match crate::trajectory::execute(case, spec, &mut biased(), "host", |_| {}) {
+                    Ok(rec) if !rec.judgement.passed && caught.is_none() => {
+                        caught = Some(format!(
+                            "{}/{}: {}",
+                            case.id,
+                            spec.label(),
+                            rec.judgement.message
+                        ));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        o.verdict = Verdict::Error(format!("{}/{}: {e:#}", case.id, spec.label()));
+                        return o;
+                    }
+                }
+            }
+        }
+        match caught {
+            Some(c) => {
+                o.detail = Some(format!(
+                    "every per-call gate passes it (dlm_head rel. error {}); caught by the trajectory gate on {c}",
+                    per_call.join(", ")
+                ));
+            }
+            None => {
+                o.verdict = Verdict::Fail;
+                o.detail = Some(format!(
+                    "dlm_head × (1 + {SHOULD_FAIL_BIAS}) is a deliberately wrong variant but it passed all {tried} trajectories of the suite"
+                ));
+            }
+        }
+        o
+    }
+
     /// An invariance sentinel over the suite's multi-device cases: the honest one-device
     /// outputs against the variant's multi-device ones, judged by the invariance gate
     /// alone (the oracle gates would catch the same offset and hide a loosened invariance
@@ -682,6 +881,76 @@ impl Plan {
             )
         });
         o
+    }
+}
+
+/// An expected-failure entry turns a failure into an expected one and a pass into an
+/// unexpected pass (a failure of the run).
+fn apply_expected(o: &mut TrialOutcome, expected: Option<&ExpectedFailure>) {
+    if let Some(e) = expected {
+        o.verdict = match std::mem::replace(&mut o.verdict, Verdict::Pass) {
+            Verdict::Fail | Verdict::Error(_) => {
+                Verdict::ExpectedFail(format!("{} ({})", e.reason, e.describe()))
+            }
+            Verdict::Pass => Verdict::UnexpectedPass(format!(
+                "passed, but the configuration lists it as an expected failure ({}: {}); remove the entry",
+                e.describe(),
+                e.reason
+            )),
+            other => other,
+        };
+    }
+}
+
+/// Backends that run trajectory trials: the executing PJRT backends (the reference
+/// backend's oracle and naive_f32 are the trajectory's own exact and plain-f32 loops).
+fn runs_trajectories(backend: &str) -> bool {
+    backend == "pjrt-cpu" || backend == "pjrt-tpu"
+}
+
+/// The trajectory should-fail variant's name.
+pub const TRAJECTORY_VARIANT: &str = "plain_f32+DlmHeadBias5e-5";
+
+/// How a trajectory evaluates `implementation`: its own fused-level function, or (a
+/// logits-level kernel, f32 cases) the host's f32 product around it; `Err` is the reason
+/// the trial is ignored.
+fn trajectory_loss(
+    backend: &Arc<dyn Backend>,
+    implementation: &str,
+    case: &Case,
+) -> Result<(Box<dyn crate::trajectory::LossFn>, &'static str), String> {
+    use crate::trajectory::{loss_fns::logits_twin, BackendFused, HostLogits, LogitsFn};
+    match backend.supports(implementation, case) {
+        Ok(()) => Ok((
+            Box::new(BackendFused {
+                backend: backend.clone(),
+                implementation: implementation.to_string(),
+            }),
+            "fused",
+        )),
+        Err(fused) if fused.contains(crate::runner::NOT_APPLICABLE) => {
+            backend
+                .supports(implementation, &logits_twin(case))
+                .map_err(|_| fused.clone())?;
+            if case.dtype != crate::spec::DType::F32 {
+                return Err(format!(
+                    "{}a logits-level kernel takes logits in the case dtype, and this {} problem keeps f32 logits (logits_dtype f32); its f32 twin runs the kernel",
+                    crate::runner::NOT_APPLICABLE,
+                    case.dtype.name()
+                ));
+            }
+            Ok((
+                Box::new(HostLogits {
+                    via: LogitsFn::Backend {
+                        backend: backend.clone(),
+                        implementation: implementation.to_string(),
+                    },
+                    bias: 0.0,
+                }),
+                "host-logits",
+            ))
+        }
+        Err(other) => Err(other),
     }
 }
 

@@ -93,6 +93,9 @@ struct Group {
     zip: Axes,
     #[serde(default)]
     cases: Vec<Axes>,
+    /// Trajectory trials of every case of the group (docs/trajectory.md).
+    #[serde(default)]
+    trajectories: Vec<crate::trajectory::TrajectorySpec>,
 }
 
 /// Every case of a set of YAML files, sorted by id, ids unique.
@@ -249,8 +252,13 @@ fn expand_group(g: &Group, defaults: &Point, origin: &str) -> Result<Vec<Case>, 
                     }
                 }
                 let point = defaults.merged(&fixed).merged(c).merged(p).merged(z);
-                let case =
+                let mut case =
                     to_case(&point, &g.suites, origin).map_err(|e| format!("cases[{ci}]: {e}"))?;
+                for (ti, t) in g.trajectories.iter().enumerate() {
+                    t.validate(&case)
+                        .map_err(|e| format!("trajectories[{ti}]: {}: {e}", case.id))?;
+                }
+                case.trajectories = g.trajectories.clone();
                 out.push(case);
             }
         }
@@ -297,6 +305,7 @@ fn to_case(p: &Point, suites: &[Suite], origin: &str) -> Result<Case, String> {
             s
         },
         origin: origin.to_string(),
+        trajectories: Vec::new(),
     };
     case.id = case.make_id();
     case.validate().map_err(|e| format!("{}: {e}", case.id))?;
@@ -334,6 +343,21 @@ fn merge(cases: Vec<Case>) -> Result<Matrix> {
                 prev.suites.extend(c.suites);
                 prev.suites.sort();
                 prev.suites.dedup();
+                for t in c.trajectories {
+                    if let Some(old) = prev.trajectories.iter().find(|x| x.label() == t.label()) {
+                        if *old != t {
+                            bail!(
+                                "case {}: trajectory {} is defined twice, differently ({} and {})",
+                                c.id,
+                                t.label(),
+                                prev.origin,
+                                c.origin
+                            );
+                        }
+                    } else {
+                        prev.trajectories.push(t);
+                    }
+                }
             }
         }
     }

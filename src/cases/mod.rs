@@ -64,6 +64,9 @@ pub struct Case {
     pub suites: Vec<Suite>,
     /// YAML file and group that produced the case.
     pub origin: String,
+    /// Trajectory trials of the case (docs/trajectory.md); empty for most cases.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trajectories: Vec<crate::trajectory::TrajectorySpec>,
 }
 
 fn num(x: f64) -> String {

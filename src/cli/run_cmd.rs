@@ -580,6 +580,15 @@ fn record_crash(
             "oracle".to_string(),
             name["golden/".len()..].to_string(),
         ),
+        Some("trajectory") => {
+            let mut p = name["trajectory/".len()..].splitn(3, '/');
+            (
+                TrialKind::Trajectory,
+                p.next().unwrap_or("").to_string(),
+                p.next().unwrap_or("").to_string(),
+                p.next().unwrap_or("").to_string(),
+            )
+        }
         Some("should-fail") => (
             TrialKind::ShouldFail,
             "reference".into(),
@@ -689,12 +698,31 @@ pub fn roofline_cell(o: &TrialOutcome) -> String {
     }
 }
 
+/// A trajectory trial's cell: the worst drift over its bound, k, and the steps judged.
+fn trajectory_cell(t: &grpo_conformance::trajectory::TrajectoryRecord) -> String {
+    let worst = t
+        .points
+        .iter()
+        .zip(&t.judgement.bounds)
+        .map(|(p, b)| p.drift_implementation / b)
+        .fold(0.0, f64::max);
+    let n = t.points.len();
+    let judged = if t.judgement.judged_steps < n {
+        format!(", {} of {n} steps judged", t.judgement.judged_steps)
+    } else {
+        String::new()
+    };
+    format!("drift/bound {worst:.2} (k {}){judged}", t.judgement.k)
+}
+
 fn print_table(outcomes: &[TrialOutcome]) {
     let rows: Vec<[String; 7]> = outcomes
         .iter()
         .filter(|o| !o.verdict.is_not_applicable())
         .map(|o| {
-            let worst = match (&o.budget, o.worst()) {
+            let worst = match (&o.budget, o.worst(), &o.trajectory) {
+                (_, _, Some(t)) => trajectory_cell(t),
+                (b, w, None) => match (b, w) {
                 (Some(b), _) => format!(
                     "peak/floor {:.3} (≤{}{})",
                     b.ratio,
@@ -707,6 +735,7 @@ fn print_table(outcomes: &[TrialOutcome]) {
                         format!("peak/floor {r:.3} (no budget)")
                     }
                     _ => "-".into(),
+                },
                 },
             };
             // Outputs the implementation does not produce are never gated: say so here.

@@ -163,6 +163,22 @@ fn is_clipped(r: f64, a: f64, k: &crate::spec::Knobs) -> bool {
     (r < 1.0 - k.epsilon_low && a < 0.0) || (r > 1.0 + k.epsilon_high && a > 0.0)
 }
 
+/// Whether a token with log-ratio `log_r` and advantage `a` is within [`EDGE_BAND`] of a
+/// branch edge (1−ε_low, 1+ε_high, δ): an f32 implementation may take either branch.
+pub fn branch_ambiguous(log_r: f64, a: f64, k: &crate::spec::Knobs) -> bool {
+    let (lo, mid, hi) = (
+        (log_r - EDGE_BAND).exp(),
+        log_r.exp(),
+        (log_r + EDGE_BAND).exp(),
+    );
+    let u = unclipped(mid, a, k);
+    let c = is_clipped(mid, a, k);
+    unclipped(lo, a, k) != u
+        || unclipped(hi, a, k) != u
+        || is_clipped(lo, a, k) != c
+        || is_clipped(hi, a, k) != c
+}
+
 /// Aggregation weight of every token (mask-only) and Σ_t m per sequence.
 fn weights(case: &Case, inputs: &Inputs) -> (Vec<f64>, Vec<f64>) {
     let k = &case.knobs;

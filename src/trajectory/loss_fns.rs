@@ -1,0 +1,182 @@
+//! How the f32 loops evaluate the loss at their parameters: an implementation's exported
+//! SPEC function through its backend (fused level), or the host's f32 product
+//! hidden·lm_head fed to a logits-level function (`naive_f32`, the plain-f32 reference,
+//! or a logits-level implementation through its backend) with the LM-head gradient
+//! taken on the host in f32.
+
+use crate::backends::{Backend, NaiveF32, RunOptions};
+use crate::cases::Case;
+use crate::inputs::Inputs;
+use crate::outputs::Outputs;
+use crate::spec::{DType, Level, OutputName};
+use anyhow::{anyhow, Context, Result};
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// What one call returns to the host loop.
+#[derive(Debug, Clone)]
+pub struct Eval {
+    /// Loss.
+    pub loss: f64,
+    /// [B,T] per-token logp (the rollout's old_logp).
+    pub logp: Vec<f32>,
+    /// [H,V] gradient w.r.t. the LM head, as returned (case dtype values).
+    pub dlm_head: Vec<f32>,
+    /// [B,T] clipped indicator (0/1).
+    pub clipped: Vec<f32>,
+}
+
+/// One evaluation of the loss at the parameters in `inputs.lm_head`.
+pub trait LossFn: Send {
+    /// Loss, logp and dlm_head of `case` on `inputs` (fused level: hidden and lm_head set).
+    fn eval(&mut self, case: &Case, inputs: &Inputs) -> Result<Eval>;
+}
+
+fn output<'a>(o: &'a Outputs, name: OutputName) -> Result<&'a [f32]> {
+    o.get(name)
+        .map(|t| t.data.as_slice())
+        .ok_or_else(|| anyhow!("the implementation returned no `{name}`"))
+}
+
+fn eval_of(o: &Outputs) -> Result<Eval> {
+    Ok(Eval {
+        loss: output(o, OutputName::Loss)?[0] as f64,
+        logp: output(o, OutputName::PerTokenLogp)?.to_vec(),
+        dlm_head: output(o, OutputName::DlmHead)?.to_vec(),
+        clipped: output(o, OutputName::Clipped)?.to_vec(),
+    })
+}
+
+/// A fused-level implementation through its backend, one execution per call.
+pub struct BackendFused {
+    /// Where it runs.
+    pub backend: Arc<dyn Backend>,
+    /// Implementation name.
+    pub implementation: String,
+}
+
+impl LossFn for BackendFused {
+    fn eval(&mut self, case: &Case, inputs: &Inputs) -> Result<Eval> {
+        let r = self.backend.run(&self.implementation, case, inputs, &ONCE)?;
+        eval_of(r.outputs.as_ref().context("the backend returned no outputs")?)
+    }
+}
+
+/// One execution, untimed.
+const ONCE: RunOptions = RunOptions {
+    warmup: 0,
+    repeats: 0,
+};
+
+/// The logits-level function a [`HostLogits`] feeds.
+pub enum LogitsFn {
+    /// The plain-f32 reference (`naive_f32`).
+    Naive,
+    /// A logits-level implementation through its backend, exported for [`logits_twin`].
+    Backend {
+        /// Where it runs.
+        backend: Arc<dyn Backend>,
+        /// Implementation name.
+        implementation: String,
+    },
+}
+
+/// The host's f32 fused level around a logits-level function; `bias` multiplies the
+/// returned LM-head gradient by 1 + bias (the should-fail variant; 0 otherwise).
+pub struct HostLogits {
+    /// The logits-level function.
+    pub via: LogitsFn,
+    /// Relative bias of dlm_head.
+    pub bias: f32,
+}
+
+/// The logits-level case a [`HostLogits`] evaluates for fused `case`: same B, T, V, knobs
+/// and data id; f32 logits (the host's f32 product, `logits_dtype` f32).
+pub fn logits_twin(case: &Case) -> Case {
+    let mut c = Case {
+        level: Level::Logits,
+        dtype: DType::F32,
+        shape: crate::cases::Shape {
+            h: None,
+            ..case.shape
+        },
+        ..case.clone()
+    };
+    c.id = c.make_id();
+    c
+}
+
+/// The host's f32 matmul: out[i, j] = Σ_k a[i, k]·b[k, j] (k ascending), [n,m] from
+/// [n,kk] and [kk,m].
+fn matmul(a: &[f32], b: &[f32], n: usize, kk: usize, m: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n * m];
+    out.par_chunks_mut(m).enumerate().for_each(|(i, o)| {
+        for k in 0..kk {
+            let x = a[i * kk + k];
+            for (y, &w) in o.iter_mut().zip(&b[k * m..(k + 1) * m]) {
+                *y += x * w;
+            }
+        }
+    });
+    out
+}
+
+/// [n,m] transposed.
+fn transpose(a: &[f32], n: usize, m: usize) -> Vec<f32> {
+    let mut t = vec![0f32; n * m];
+    for i in 0..n {
+        for j in 0..m {
+            t[j * n + i] = a[i * m + j];
+        }
+    }
+    t
+}
+
+impl HostLogits {
+    /// Every fused-level output of `case` on `inputs` (what a plain f32 fused
+    /// implementation returns: gradients rounded to the case dtype).
+    pub fn outputs(&mut self, case: &Case, inputs: &Inputs) -> Result<Outputs> {
+        let s = case.shape;
+        let (rows, v, h) = (s.rows(), s.v, s.h.context("fused case without h")?);
+        let twin = logits_twin(case);
+        let logits_in = Inputs {
+            logits: matmul(&inputs.hidden, &inputs.lm_head, rows, h, v),
+            hidden: Vec::new(),
+            lm_head: Vec::new(),
+            ..inputs.clone()
+        };
+        let mut out = match &self.via {
+            LogitsFn::Naive => NaiveF32::default().run(&twin, &logits_in),
+            LogitsFn::Backend {
+                backend,
+                implementation,
+            } => backend
+                .run(implementation, &twin, &logits_in, &ONCE)?
+                .outputs
+                .context("the backend returned no outputs")?,
+        };
+        let dz = out
+            .tensors
+            .remove(&OutputName::Dlogits)
+            .context("the logits-level function returned no `dlogits`")?
+            .data;
+        let dt = case.dtype;
+        let dhidden = matmul(&dz, &transpose(&inputs.lm_head, h, v), rows, v, h);
+        let mut dlm = matmul(&transpose(&inputs.hidden, rows, h), &dz, h, rows, v);
+        let k = 1.0 + self.bias;
+        dlm.par_iter_mut().for_each(|x| *x = dt.round(*x * k));
+        out.insert(
+            OutputName::Dhidden,
+            vec![s.b, s.t, h],
+            dhidden.into_iter().map(|x| dt.round(x)).collect(),
+        );
+        out.insert(OutputName::DlmHead, vec![h, v], dlm);
+        Ok(out)
+    }
+}
+
+impl LossFn for HostLogits {
+    fn eval(&mut self, case: &Case, inputs: &Inputs) -> Result<Eval> {
+        eval_of(&self.outputs(case, inputs)?)
+    }
+}

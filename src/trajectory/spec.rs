@@ -1,0 +1,119 @@
+//! What a trajectory trial runs: the optimizer, its step size, the number of steps and
+//! GRPO iterations per batch, as written under a case group's `trajectories:` key.
+
+use crate::cases::{Case, Suite};
+use crate::spec::{Level, LogitsDtype};
+use serde::{Deserialize, Serialize};
+
+/// The host optimizer of a trajectory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    /// θ ← θ − lr·g.
+    Sgd,
+    /// Adam (β₁ 0.9, β₂ 0.999, ε 1e-8, bias-corrected).
+    Adam,
+}
+
+impl Optimizer {
+    /// Name as written in YAML and in trial names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::Adam => "adam",
+        }
+    }
+}
+
+/// One trajectory of a case (docs/trajectory.md).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrajectorySpec {
+    /// Suites the trajectory trials belong to (`full` is implied).
+    pub suites: Vec<Suite>,
+    /// Host optimizer.
+    pub optimizer: Optimizer,
+    /// Step size.
+    pub lr: f64,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// GRPO iterations per generation batch (≥ 2: the ratio moves off 1 from the second).
+    #[serde(default = "default_iterations")]
+    pub num_iterations: usize,
+    /// Sequences per prompt group (B must be a multiple): advantages are normalised per group.
+    pub group_size: usize,
+    /// θ₀ ~ N(0, init_std²/H): the initial logits have standard deviation ≈ init_std.
+    #[serde(default = "default_init_std")]
+    pub init_std: f64,
+}
+
+fn default_init_std() -> f64 {
+    1.0
+}
+
+fn default_iterations() -> usize {
+    2
+}
+
+impl TrajectorySpec {
+    /// The trajectory's part of a trial name, e.g. `sgd-lr0.1-it2-s20`.
+    pub fn label(&self) -> String {
+        format!(
+            "{}-lr{}-it{}-s{}{}",
+            self.optimizer.name(),
+            self.lr,
+            self.num_iterations,
+            self.steps,
+            if self.init_std == 1.0 { String::new() } else { format!("-init{}", self.init_std) }
+        )
+    }
+
+    /// Whether the trajectory runs in `suite`.
+    pub fn in_suite(&self, suite: Suite) -> bool {
+        suite == Suite::Full || self.suites.contains(&suite)
+    }
+
+    /// Checks the trajectory against its case; the message says what is wrong.
+    pub fn validate(&self, case: &Case) -> Result<(), String> {
+        if case.level != Level::Fused {
+            return Err("trajectories need a fused-level case (the LM head is the parameter)".into());
+        }
+        if case.knobs.logits_dtype != LogitsDtype::F32 {
+            return Err("trajectories need logits_dtype f32 (a rounded product has no exact gradient to follow)".into());
+        }
+        if case.knobs.importance_sampling_level != crate::spec::IsLevel::Token {
+            return Err("trajectories judge token-level importance sampling only (the branch bookkeeping is per token)".into());
+        }
+        if case.devices != 1 {
+            return Err("trajectories run on one-device cases".into());
+        }
+        if case.compile_only {
+            return Err("a compile-only case has no trajectory".into());
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return Err(format!("trajectory lr must be > 0, got {}", self.lr));
+        }
+        if !(self.init_std > 0.0 && self.init_std.is_finite()) {
+            return Err(format!("trajectory init_std must be > 0, got {}", self.init_std));
+        }
+        if self.steps == 0 {
+            return Err("trajectory steps must be >= 1".into());
+        }
+        if self.num_iterations < 2 {
+            return Err(format!(
+                "trajectory num_iterations must be >= 2 (the ratio is 1 on the first iteration of a batch), got {}",
+                self.num_iterations
+            ));
+        }
+        if self.group_size < 2 || case.shape.b % self.group_size != 0 {
+            return Err(format!(
+                "trajectory group_size must be >= 2 and divide b = {}, got {}",
+                case.shape.b, self.group_size
+            ));
+        }
+        if self.suites.is_empty() {
+            return Err("trajectory suites must not be empty".into());
+        }
+        Ok(())
+    }
+}
