@@ -545,6 +545,9 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
             "<h2>Plots</h2>{time_svg}<br>{mem_svg}<br>{margin_svg}"
         );
     }
+    if let Some(t) = crate::report_trajectory::section(&trials) {
+        html.push_str(&t);
+    }
     if let Some(svg) = crate::report_speed::sweep_svg(&trials) {
         let _ = write!(html, "<h2>Sweep</h2>{svg}");
     }
@@ -596,7 +599,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     }
     let other: Vec<&&TrialOutcome> = trials
         .iter()
-        .filter(|o| o.kind != TrialKind::Run && o.kind != TrialKind::Sweep)
+        .filter(|o| !matches!(o.kind, TrialKind::Run | TrialKind::Sweep | TrialKind::Trajectory))
         .collect();
     if !other.is_empty() {
         let _ = write!(html, "<h2>Golden and should-fail trials</h2><table><tr><th>trial</th><th>verdict</th><th>detail</th></tr>");

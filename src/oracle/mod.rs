@@ -163,20 +163,31 @@ fn is_clipped(r: f64, a: f64, k: &crate::spec::Knobs) -> bool {
     (r < 1.0 - k.epsilon_low && a < 0.0) || (r > 1.0 + k.epsilon_high && a > 0.0)
 }
 
-/// Whether a token with log-ratio `log_r` and advantage `a` is within [`EDGE_BAND`] of a
-/// branch edge (1−ε_low, 1+ε_high, δ): an f32 implementation may take either branch.
-pub fn branch_ambiguous(log_r: f64, a: f64, k: &crate::spec::Knobs) -> bool {
-    let (lo, mid, hi) = (
-        (log_r - EDGE_BAND).exp(),
-        log_r.exp(),
-        (log_r + EDGE_BAND).exp(),
-    );
-    let u = unclipped(mid, a, k);
-    let c = is_clipped(mid, a, k);
-    unclipped(lo, a, k) != u
-        || unclipped(hi, a, k) != u
-        || is_clipped(lo, a, k) != c
-        || is_clipped(hi, a, k) != c
+/// Whether two computations of a token's log-ratio, `lo` ≤ `hi` (advantage `a`), may
+/// legitimately take different branches: a branch edge (1−ε_low, 1+ε_high, δ) lies
+/// between them or within [`EDGE_BAND`] of either. With `lo == hi` this is the per-call
+/// gates' ambiguity: an f32 implementation may take either branch.
+pub fn branch_ambiguous(lo: f64, hi: f64, a: f64, k: &crate::spec::Knobs) -> bool {
+    let at = |x: f64| {
+        let r = x.exp();
+        (unclipped(r, a, k), is_clipped(r, a, k))
+    };
+    let (l, h) = (lo.min(hi) - EDGE_BAND, lo.max(hi) + EDGE_BAND);
+    // The branches are piecewise constant with at most three edges: sample the interval
+    // at its ends and at every edge inside it (log 1−ε_low, log 1+ε_high, log δ).
+    let mut points = vec![l, h];
+    let edges = [
+        (1.0 - k.epsilon_low).ln(),
+        (1.0 + k.epsilon_high).ln(),
+        k.delta.map_or(f64::NAN, f64::ln),
+    ];
+    for e in edges {
+        if e > l && e < h {
+            points.extend([e - f64::EPSILON * e.abs().max(1.0), e, e + f64::EPSILON * e.abs().max(1.0)]);
+        }
+    }
+    let first = at(points[0]);
+    points.iter().any(|&x| at(x) != first)
 }
 
 /// Aggregation weight of every token (mask-only) and Σ_t m per sequence.

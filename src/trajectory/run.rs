@@ -33,8 +33,8 @@ pub struct StepPoint {
     /// Unmasked tokens whose clip decision differs between the implementation and the
     /// plain-f32 reference at this step.
     pub branch_flips: usize,
-    /// Of those, the ones whose ratio (the reference's) is within `oracle::EDGE_BAND` of
-    /// a branch edge: either branch is legitimate, and the trajectories part there.
+    /// Of those, the ones where a branch edge lies between the two loops' log-ratios (or
+    /// within `oracle::EDGE_BAND` of them): either branch is right, the trajectories part.
     pub ambiguous_flips: usize,
     /// dlm_head elements whose sign differs between the implementation and the plain-f32
     /// reference at this step (what a sign-like update, Adam's early steps, follows).
@@ -53,22 +53,29 @@ pub fn drift(a: &[f32], b: &[f64]) -> f64 {
 }
 
 /// Clip decisions of the implementation that differ from the reference's (unmasked
-/// tokens), and how many of them are at a branch edge by the reference's ratio.
-fn flips(p: &Problem, data: &Inputs, old_ref: &[f32], r: &Eval, i: &Eval) -> (usize, usize) {
+/// tokens), and how many of them may legitimately differ: a branch edge lies between (or
+/// within `oracle::EDGE_BAND` of) the two loops' own log-ratios for the token.
+fn flips(
+    p: &Problem,
+    data: &Inputs,
+    (old_r, r): (&[f32], &Eval),
+    (old_i, i): (&[f32], &Eval),
+) -> (usize, usize) {
     let t_n = p.case.shape.t;
     let mut n = 0;
-    let mut near = 0;
+    let mut legit = 0;
     for k in 0..data.mask.len() {
         if data.mask[k] == 0.0 || r.clipped.get(k) == i.clipped.get(k) {
             continue;
         }
         n += 1;
-        let log_r = r.logp[k] as f64 - old_ref[k] as f64;
-        if crate::oracle::branch_ambiguous(log_r, data.advantages[k / t_n] as f64, &p.case.knobs) {
-            near += 1;
+        let lr = r.logp[k] as f64 - old_r[k] as f64;
+        let li = i.logp[k] as f64 - old_i[k] as f64;
+        if crate::oracle::branch_ambiguous(lr, li, data.advantages[k / t_n] as f64, &p.case.knobs) {
+            legit += 1;
         }
     }
-    (n, near)
+    (n, legit)
 }
 
 fn norm(x: &[f64]) -> f64 {
@@ -161,7 +168,7 @@ pub fn run(
             opt_e.step(&mut theta_e, &e.grad);
             let er = r.step(problem, &data).context("plain-f32 reference")?;
             let ei = i.step(problem, &data)?;
-            let (branch_flips, ambiguous_flips) = flips(problem, &data, &r.old, &er, &ei);
+            let (branch_flips, ambiguous_flips) = flips(problem, &data, (&r.old, &er), (&i.old, &ei));
             let p = StepPoint {
                 step: points.len() + 1,
                 loss_exact: e.loss,

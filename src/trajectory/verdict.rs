@@ -69,7 +69,7 @@ pub fn judge(points: &[StepPoint], k: f64, steps: usize) -> Judgement {
     let last = judged.last();
     let parted_note = parted.map_or(String::new(), |p| {
         format!(
-            "; steps {}–{} not judged: at step {} {} token(s) within {} in log-ratio of a clip edge took the other branch than the plain-f32 reference (either is right; the trajectories part there)",
+            "; steps {}–{} not judged: at step {} {} token(s) took the other branch than the plain-f32 reference with a clip edge between the two loops' ratios (or within {} of them): either is right, the trajectories part there",
             p.step,
             points.len(),
             p.step,
@@ -85,7 +85,7 @@ pub fn judge(points: &[StepPoint], k: f64, steps: usize) -> Judgement {
             )
         } else if p.branch_flips > 0 {
             format!(
-                "step {}: {} token(s) clipped the other way than the plain-f32 reference, away from every clip edge",
+                "step {}: {} token(s) clipped the other way than the plain-f32 reference, with no clip edge between the two loops' ratios",
                 p.step, p.branch_flips
             )
         } else {
@@ -170,7 +170,7 @@ mod tests {
         assert!(j.message.contains("steps 3–3 not judged"), "{}", j.message);
         pts[2].ambiguous_flips = 0;
         let j = judge(&pts, 4.0, 3);
-        assert!(!j.passed && j.message.contains("away from every clip edge"), "{}", j.message);
+        assert!(!j.passed && j.message.contains("no clip edge between"), "{}", j.message);
         let mut one = vec![pt(1, 1e-7, 1e-7)];
         one[0].branch_flips = 1;
         one[0].ambiguous_flips = 1;

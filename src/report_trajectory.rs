@@ -1,0 +1,209 @@
+//! The report's trajectory section: per trajectory (case × optimizer), the loss and the
+//! parameter drift against step, one line per implementation, with the accepted region
+//! (k × the plain-f32 reference's envelope) shaded (plotters, SVG).
+
+use crate::runner::{TrialKind, TrialOutcome};
+use crate::trajectory::TrajectoryRecord;
+use plotters::prelude::*;
+use std::collections::BTreeMap;
+
+type Series<'a> = Vec<(&'a TrialOutcome, &'a TrajectoryRecord)>;
+
+/// Trajectory records grouped by `<case id>/<trajectory label>`, in name order.
+fn groups<'a>(trials: &[&'a TrialOutcome]) -> BTreeMap<String, Series<'a>> {
+    let mut g: BTreeMap<String, Series<'a>> = BTreeMap::new();
+    for o in trials.iter().filter(|o| o.kind == TrialKind::Trajectory) {
+        if let Some(t) = &o.trajectory {
+            g.entry(o.case.clone()).or_default().push((o, t));
+        }
+    }
+    for v in g.values_mut() {
+        v.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    }
+    g
+}
+
+fn label(o: &TrialOutcome) -> String {
+    format!("{}/{}", o.backend, o.implementation)
+}
+
+/// Drift against step (log axis): each implementation, the reference dashed, the region
+/// the gate accepts (under k × the envelope) shaded.
+fn drift_svg(title: &str, series: &Series) -> Option<String> {
+    let (_, first) = series.first()?;
+    let steps = series.iter().map(|s| s.1.points.len()).max()?.max(1);
+    let vals: Vec<f64> = series
+        .iter()
+        .flat_map(|(_, t)| {
+            t.points
+                .iter()
+                .flat_map(|p| [p.drift_implementation, p.drift_reference])
+                .chain(t.judgement.bounds.iter().copied())
+        })
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .collect();
+    let lo = vals.iter().fold(f64::INFINITY, |a, &x| a.min(x)).min(1e-8) / 2.0;
+    let hi = vals.iter().fold(0.0f64, |a, &x| a.max(x)).max(lo * 10.0) * 2.0;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (640, 380)).into_drawing_area();
+        root.fill(&WHITE).ok()?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 14))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0usize..steps, (lo..hi).log_scale())
+            .ok()?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc("‖θ − θ_f64‖ / ‖θ_f64‖")
+            .y_label_formatter(&|v| format!("{v:.0e}"))
+            .draw()
+            .ok()?;
+        // The accepted region of the first record (the envelope is the same plain-f32
+        // reference for every implementation of a trajectory).
+        let bound: Vec<(usize, f64)> = first
+            .judgement
+            .bounds
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| (i + 1, b))
+            .collect();
+        chart
+            .draw_series(AreaSeries::new(bound, lo, RGBColor(200, 230, 201).mix(0.6)))
+            .ok()?
+            .label(format!("accepted: k {} × plain-f32 envelope", first.judgement.k))
+            .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], RGBColor(200, 230, 201).filled()));
+        let reference: Vec<(usize, f64)> = first
+            .points
+            .iter()
+            .map(|p| (p.step, p.drift_reference.max(lo)))
+            .collect();
+        chart
+            .draw_series(DashedLineSeries::new(reference, 4, 3, BLACK.stroke_width(1)))
+            .ok()?
+            .label("plain-f32 reference")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
+        for (k, (o, t)) in series.iter().enumerate() {
+            let color = Palette99::pick(k).to_rgba();
+            let pts: Vec<(usize, f64)> = t
+                .points
+                .iter()
+                .filter(|p| p.drift_implementation.is_finite())
+                .map(|p| (p.step, p.drift_implementation.max(lo)))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                .ok()?
+                .label(label(o))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .label_font(("sans-serif", 11))
+            .draw()
+            .ok()?;
+        root.present().ok()?;
+    }
+    Some(svg)
+}
+
+/// Loss against step: the exact trajectory (black), each implementation.
+fn loss_svg(title: &str, series: &Series) -> Option<String> {
+    let (_, first) = series.first()?;
+    let steps = series.iter().map(|s| s.1.points.len()).max()?.max(1);
+    let vals: Vec<f64> = series
+        .iter()
+        .flat_map(|(_, t)| t.points.iter().flat_map(|p| [p.loss_implementation, p.loss_exact]))
+        .filter(|x| x.is_finite())
+        .collect();
+    let lo = vals.iter().fold(f64::INFINITY, |a, &x| a.min(x));
+    let hi = vals.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x));
+    let pad = ((hi - lo) * 0.1).max(1e-6);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (640, 380)).into_drawing_area();
+        root.fill(&WHITE).ok()?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 14))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0usize..steps, (lo - pad)..(hi + pad))
+            .ok()?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc("loss")
+            .draw()
+            .ok()?;
+        let exact: Vec<(usize, f64)> = first.points.iter().map(|p| (p.step, p.loss_exact)).collect();
+        chart
+            .draw_series(LineSeries::new(exact, BLACK.stroke_width(3)))
+            .ok()?
+            .label("exact (f64)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK.stroke_width(3)));
+        for (k, (o, t)) in series.iter().enumerate() {
+            let color = Palette99::pick(k).to_rgba();
+            let pts: Vec<(usize, f64)> = t
+                .points
+                .iter()
+                .filter(|p| p.loss_implementation.is_finite())
+                .map(|p| (p.step, p.loss_implementation))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts, color.stroke_width(1)))
+                .ok()?
+                .label(label(o))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.3))
+            .label_font(("sans-serif", 11))
+            .draw()
+            .ok()?;
+        root.present().ok()?;
+    }
+    Some(svg)
+}
+
+/// The HTML section (None without trajectory records): per trajectory, the two plots and
+/// a table of its trials' verdicts.
+pub fn section(trials: &[&TrialOutcome]) -> Option<String> {
+    let g = groups(trials);
+    if g.is_empty() {
+        return None;
+    }
+    let mut html = String::from("<h2>Trajectories</h2><p>N GRPO steps with each implementation against the exact (f64) trajectory; the gate: drift within k × the plain-f32 reference's running maximum at every step (docs/trajectory.md).</p>");
+    for (key, series) in &g {
+        let short = key.rsplit('/').next().unwrap_or(key);
+        let _ = std::fmt::Write::write_fmt(
+            &mut html,
+            format_args!("<h3><code>{}</code></h3><div>{}{}</div><table><tr><th>trial</th><th>verdict</th><th>detail</th></tr>",
+            crate::report::esc_html(key),
+            drift_svg(&format!("parameter drift, {short}"), series).unwrap_or_default(),
+            loss_svg(&format!("loss, {short}"), series).unwrap_or_default()),
+        );
+        for (o, _) in series {
+            let _ = std::fmt::Write::write_fmt(
+                &mut html,
+                format_args!(
+                    "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+                    crate::report::esc_html(&label(o)),
+                    crate::report::esc_html(&o.verdict.label()),
+                    crate::report::esc_html(&o.failure_text())
+                ),
+            );
+        }
+        html.push_str("</table>");
+    }
+    Some(html)
+}
