@@ -138,7 +138,11 @@ impl ExpectedFailure {
     pub fn describe(&self) -> String {
         format!(
             "{}{}{} on {}{}",
-            if self.kind == ExpectedKind::Trajectory { "trajectory/" } else { "" },
+            if self.kind == ExpectedKind::Trajectory {
+                "trajectory/"
+            } else {
+                ""
+            },
             self.backend
                 .as_ref()
                 .map(|b| format!("{b}/"))

@@ -599,7 +599,12 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     }
     let other: Vec<&&TrialOutcome> = trials
         .iter()
-        .filter(|o| !matches!(o.kind, TrialKind::Run | TrialKind::Sweep | TrialKind::Trajectory))
+        .filter(|o| {
+            !matches!(
+                o.kind,
+                TrialKind::Run | TrialKind::Sweep | TrialKind::Trajectory
+            )
+        })
         .collect();
     if !other.is_empty() {
         let _ = write!(html, "<h2>Golden and should-fail trials</h2><table><tr><th>trial</th><th>verdict</th><th>detail</th></tr>");

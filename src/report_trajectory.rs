@@ -74,15 +74,28 @@ fn drift_svg(title: &str, series: &Series) -> Option<String> {
         chart
             .draw_series(AreaSeries::new(bound, lo, RGBColor(200, 230, 201).mix(0.6)))
             .ok()?
-            .label(format!("accepted: k {} × plain-f32 envelope", first.judgement.k))
-            .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 16, y + 5)], RGBColor(200, 230, 201).filled()));
+            .label(format!(
+                "accepted: k {} × plain-f32 envelope",
+                first.judgement.k
+            ))
+            .legend(|(x, y)| {
+                Rectangle::new(
+                    [(x, y - 5), (x + 16, y + 5)],
+                    RGBColor(200, 230, 201).filled(),
+                )
+            });
         let reference: Vec<(usize, f64)> = first
             .points
             .iter()
             .map(|p| (p.step, p.drift_reference.max(lo)))
             .collect();
         chart
-            .draw_series(DashedLineSeries::new(reference, 4, 3, BLACK.stroke_width(1)))
+            .draw_series(DashedLineSeries::new(
+                reference,
+                4,
+                3,
+                BLACK.stroke_width(1),
+            ))
             .ok()?
             .label("plain-f32 reference")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
@@ -98,7 +111,9 @@ fn drift_svg(title: &str, series: &Series) -> Option<String> {
                 .draw_series(LineSeries::new(pts, color.stroke_width(2)))
                 .ok()?
                 .label(label(o))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()
@@ -119,7 +134,11 @@ fn loss_svg(title: &str, series: &Series) -> Option<String> {
     let steps = series.iter().map(|s| s.1.points.len()).max()?.max(1);
     let vals: Vec<f64> = series
         .iter()
-        .flat_map(|(_, t)| t.points.iter().flat_map(|p| [p.loss_implementation, p.loss_exact]))
+        .flat_map(|(_, t)| {
+            t.points
+                .iter()
+                .flat_map(|p| [p.loss_implementation, p.loss_exact])
+        })
         .filter(|x| x.is_finite())
         .collect();
     let lo = vals.iter().fold(f64::INFINITY, |a, &x| a.min(x));
@@ -142,7 +161,11 @@ fn loss_svg(title: &str, series: &Series) -> Option<String> {
             .y_desc("loss")
             .draw()
             .ok()?;
-        let exact: Vec<(usize, f64)> = first.points.iter().map(|p| (p.step, p.loss_exact)).collect();
+        let exact: Vec<(usize, f64)> = first
+            .points
+            .iter()
+            .map(|p| (p.step, p.loss_exact))
+            .collect();
         chart
             .draw_series(LineSeries::new(exact, BLACK.stroke_width(3)))
             .ok()?
@@ -206,4 +229,83 @@ pub fn section(trials: &[&TrialOutcome]) -> Option<String> {
         html.push_str("</table>");
     }
     Some(html)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trajectory::{run::StepPoint, verdict, Optimizer, TrajectorySpec};
+
+    fn record(drift: f64) -> TrajectoryRecord {
+        let points: Vec<StepPoint> = (1..=5)
+            .map(|step| StepPoint {
+                step,
+                loss_exact: -0.1,
+                loss_reference: -0.1,
+                loss_implementation: -0.1,
+                drift_reference: 1e-6,
+                drift_implementation: drift,
+                clipped_fraction: 0.1,
+                travelled: 0.01,
+                branch_flips: 0,
+                ambiguous_flips: 0,
+                sign_flips: 0,
+            })
+            .collect();
+        let judgement = verdict::judge(&points, 4.0, 5);
+        TrajectoryRecord {
+            label: "sgd-lr0.1-it2-s5".into(),
+            spec: TrajectorySpec {
+                suites: vec![],
+                optimizer: Optimizer::Sgd,
+                lr: 0.1,
+                steps: 5,
+                num_iterations: 2,
+                group_size: 2,
+                init_std: 1.0,
+            },
+            via: "fused".into(),
+            points,
+            judgement,
+        }
+    }
+
+    /// One section per trajectory, two self-contained SVG plots, every implementation in
+    /// the legend and its verdict in the table.
+    #[test]
+    fn each_trajectory_gets_its_plots_and_verdicts() {
+        let mut outs = Vec::new();
+        for (imp, drift) in [("good", 1.1e-6), ("bad", 1e-4)] {
+            let mut o = TrialOutcome::new(
+                format!("trajectory/pjrt-cpu/{imp}/c/sgd-lr0.1-it2-s5"),
+                TrialKind::Trajectory,
+                "pjrt-cpu",
+                imp,
+                "c/sgd-lr0.1-it2-s5",
+            );
+            let r = record(drift);
+            if !r.judgement.passed {
+                o.verdict = crate::runner::Verdict::Fail;
+            }
+            o.detail = Some(r.judgement.message.clone());
+            o.trajectory = Some(r);
+            outs.push(o);
+        }
+        let refs: Vec<&TrialOutcome> = outs.iter().collect();
+        let html = section(&refs).unwrap();
+        assert_eq!(html.matches("<svg").count(), 2, "drift and loss");
+        assert_eq!(html.matches("</svg>").count(), 2);
+        for want in [
+            "pjrt-cpu/good",
+            "pjrt-cpu/bad",
+            "accepted: k 4",
+            "plain-f32 reference",
+            "exact (f64)",
+            "FAIL",
+            "pass",
+        ] {
+            assert!(html.contains(want), "missing {want}");
+        }
+        assert!(section(&[]).is_none());
+    }
 }

@@ -289,7 +289,11 @@ impl Plan {
                             && (e.matches(b, i, &c.id)
                                 || (runs_trajectories(b)
                                     && c.trajectories.iter().any(|x| {
-                                        e.matches_trajectory(b, i, &format!("{}/{}", c.id, x.label()))
+                                        e.matches_trajectory(
+                                            b,
+                                            i,
+                                            &format!("{}/{}", c.id, x.label()),
+                                        )
                                     })))
                     })
                 })
@@ -462,7 +466,8 @@ impl Plan {
     /// Lets each available backend prepare exactly the run trials that remain (e.g. one
     /// export batch). Errors are per backend: (backend name, message).
     pub fn prepare(&self) -> Vec<(String, String)> {
-        let mut per_backend: Vec<(Arc<dyn Backend>, Vec<(String, Arc<Case>)>)> = Vec::new();
+        type Pending = Vec<(String, Arc<Case>)>;
+        let mut per_backend: Vec<(Arc<dyn Backend>, Pending)> = Vec::new();
         for t in &self.trials {
             let (b, implementation, cases) = match &t.work {
                 Work::Run {
@@ -495,7 +500,10 @@ impl Plan {
                 }
             };
             for c in cases {
-                if !work.iter().any(|(i, x)| i == implementation && x.id == c.id) {
+                if !work
+                    .iter()
+                    .any(|(i, x)| i == implementation && x.id == c.id)
+                {
                     work.push((implementation.clone(), c));
                 }
             }
@@ -562,10 +570,11 @@ impl Plan {
             } => b.supports(implementation, case).err(),
             Work::Golden(c) if c.compile_only => Some(COMPILE_ONLY_GOLDEN.into()),
             Work::Trajectory {
-                target: Target::Unavailable {
-                    reason,
-                    required: false,
-                },
+                target:
+                    Target::Unavailable {
+                        reason,
+                        required: false,
+                    },
                 ..
             } => Some(format!("backend unavailable: {reason}")),
             Work::Trajectory {
@@ -701,21 +710,29 @@ impl Plan {
                             Verdict::Ignored(format!("backend unavailable: {reason}"))
                         };
                     }
-                    Target::Ready(backend) => match trajectory_loss(backend, implementation, case) {
-                        Err(reason) => o.verdict = Verdict::Ignored(reason),
-                        Ok((mut f, via)) => {
-                            match crate::trajectory::execute(case, spec, f.as_mut(), via, |_| {}) {
-                                Ok(rec) => {
-                                    if !rec.judgement.passed {
-                                        o.verdict = Verdict::Fail;
+                    Target::Ready(backend) => {
+                        match trajectory_loss(backend, implementation, case) {
+                            Err(reason) => o.verdict = Verdict::Ignored(reason),
+                            Ok((mut f, via)) => {
+                                match crate::trajectory::execute(
+                                    case,
+                                    spec,
+                                    f.as_mut(),
+                                    via,
+                                    |_| {},
+                                ) {
+                                    Ok(rec) => {
+                                        if !rec.judgement.passed {
+                                            o.verdict = Verdict::Fail;
+                                        }
+                                        o.detail = Some(rec.judgement.message.clone());
+                                        o.trajectory = Some(rec);
                                     }
-                                    o.detail = Some(rec.judgement.message.clone());
-                                    o.trajectory = Some(rec);
+                                    Err(e) => o.verdict = Verdict::Error(format!("{e:#}")),
                                 }
-                                Err(e) => o.verdict = Verdict::Error(format!("{e:#}")),
                             }
                         }
-                    },
+                    }
                 }
                 apply_expected(&mut o, expected.as_ref());
                 o

@@ -305,6 +305,24 @@ fn a_stale_expected_failure_is_an_error() {
     );
 }
 
+/// `kind: trajectory` entries cover trajectory trials only, keyed `<case>/<trajectory>`:
+/// one that no trajectory trial matches (the reference backend runs none) is stale.
+#[test]
+fn a_trajectory_expected_failure_matches_trajectory_trials_only() {
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, kind: trajectory, cases: '*', reason: 'no such trial'}\n";
+    let (o, _d) = run_with(cfg, &["--suite", "ci", "--list"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("expected_failures[0] (trajectory/oracle on *)") && e.contains("stale"),
+        "{e}"
+    );
+    // The same glob as a run entry is not stale (it matches the oracle's run trials).
+    let cfg = cfg.replace("kind: trajectory, ", "");
+    let (o, _d) = run_with(&cfg, &["--suite", "ci", "--list"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 #[test]
 fn selecting_nothing_is_an_error_not_a_green_run() {
     let (o, _d) = run_with(
@@ -1286,6 +1304,11 @@ fn trials_are_listed_case_by_case() {
             .nth(if n.starts_with("golden/") { 1 } else { 2 })
             .unwrap();
         let case = n.strip_prefix("golden/").unwrap_or(case);
+        // trajectory/<backend>/<implementation>/<case>/<trajectory>
+        let case = match n.strip_prefix("trajectory/") {
+            Some(r) => r.splitn(3, '/').nth(2).unwrap().rsplit_once('/').unwrap().0,
+            None => case,
+        };
         if seen.last().map(String::as_str) != Some(case) {
             assert!(
                 !seen.iter().any(|s| s == case),

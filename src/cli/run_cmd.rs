@@ -723,19 +723,19 @@ fn print_table(outcomes: &[TrialOutcome]) {
             let worst = match (&o.budget, o.worst(), &o.trajectory) {
                 (_, _, Some(t)) => trajectory_cell(t),
                 (b, w, None) => match (b, w) {
-                (Some(b), _) => format!(
-                    "peak/floor {:.3} (≤{}{})",
-                    b.ratio,
-                    b.max_peak_over_floor,
-                    if b.slack_bytes > 0 { "+slack" } else { "" }
-                ),
-                (None, Some(g)) => format!("{} {:.2e}", g.output, g.norm_err),
-                (None, None) => match o.memory.as_ref().and_then(|m| m.peak_over_floor()) {
-                    Some(r) if o.kind == TrialKind::Run && o.verdict == Verdict::Pass => {
-                        format!("peak/floor {r:.3} (no budget)")
-                    }
-                    _ => "-".into(),
-                },
+                    (Some(b), _) => format!(
+                        "peak/floor {:.3} (≤{}{})",
+                        b.ratio,
+                        b.max_peak_over_floor,
+                        if b.slack_bytes > 0 { "+slack" } else { "" }
+                    ),
+                    (None, Some(g)) => format!("{} {:.2e}", g.output, g.norm_err),
+                    (None, None) => match o.memory.as_ref().and_then(|m| m.peak_over_floor()) {
+                        Some(r) if o.kind == TrialKind::Run && o.verdict == Verdict::Pass => {
+                            format!("peak/floor {r:.3} (no budget)")
+                        }
+                        _ => "-".into(),
+                    },
                 },
             };
             // Outputs the implementation does not produce are never gated: say so here.

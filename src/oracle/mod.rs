@@ -183,7 +183,11 @@ pub fn branch_ambiguous(lo: f64, hi: f64, a: f64, k: &crate::spec::Knobs) -> boo
     ];
     for e in edges {
         if e > l && e < h {
-            points.extend([e - f64::EPSILON * e.abs().max(1.0), e, e + f64::EPSILON * e.abs().max(1.0)]);
+            points.extend([
+                e - f64::EPSILON * e.abs().max(1.0),
+                e,
+                e + f64::EPSILON * e.abs().max(1.0),
+            ]);
         }
     }
     let first = at(points[0]);

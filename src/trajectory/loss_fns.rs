@@ -32,7 +32,7 @@ pub trait LossFn: Send {
     fn eval(&mut self, case: &Case, inputs: &Inputs) -> Result<Eval>;
 }
 
-fn output<'a>(o: &'a Outputs, name: OutputName) -> Result<&'a [f32]> {
+fn output(o: &Outputs, name: OutputName) -> Result<&[f32]> {
     o.get(name)
         .map(|t| t.data.as_slice())
         .ok_or_else(|| anyhow!("the implementation returned no `{name}`"))
@@ -57,8 +57,14 @@ pub struct BackendFused {
 
 impl LossFn for BackendFused {
     fn eval(&mut self, case: &Case, inputs: &Inputs) -> Result<Eval> {
-        let r = self.backend.run(&self.implementation, case, inputs, &ONCE)?;
-        eval_of(r.outputs.as_ref().context("the backend returned no outputs")?)
+        let r = self
+            .backend
+            .run(&self.implementation, case, inputs, &ONCE)?;
+        eval_of(
+            r.outputs
+                .as_ref()
+                .context("the backend returned no outputs")?,
+        )
     }
 }
 

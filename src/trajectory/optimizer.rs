@@ -9,8 +9,6 @@ pub trait Real: Copy + Send + Sync + 'static {
     fn of(x: f64) -> Self;
     /// Widening to f64.
     fn wide(self) -> f64;
-    /// a·b + c, in this type's arithmetic (no fused multiply-add).
-    fn mul_add_plain(a: Self, b: Self, c: Self) -> Self;
     /// The optimizer update on one element (see [`OptimizerState::step`]).
     fn adam(theta: &mut Self, m: &mut Self, v: &mut Self, g: Self, c: &AdamConsts);
     /// θ − lr·g.
@@ -44,9 +42,6 @@ macro_rules! real {
             fn wide(self) -> f64 {
                 self as f64
             }
-            fn mul_add_plain(a: Self, b: Self, c: Self) -> Self {
-                a * b + c
-            }
             fn adam(theta: &mut Self, m: &mut Self, v: &mut Self, g: Self, c: &AdamConsts) {
                 let (b1, b2) = (BETA1 as $t, BETA2 as $t);
                 *m = b1 * *m + (1.0 - b1) * g;
@@ -77,13 +72,29 @@ pub struct OptimizerState<T: Real> {
 impl<T: Real> OptimizerState<T> {
     /// A fresh optimizer for `n` parameters.
     pub fn new(kind: Optimizer, lr: f64, n: usize) -> Self {
-        let state = |k| if kind == Optimizer::Adam { vec![T::of(0.0); k] } else { Vec::new() };
-        OptimizerState { kind, lr, t: 0, m: state(n), v: state(n) }
+        let state = |k| {
+            if kind == Optimizer::Adam {
+                vec![T::of(0.0); k]
+            } else {
+                Vec::new()
+            }
+        };
+        OptimizerState {
+            kind,
+            lr,
+            t: 0,
+            m: state(n),
+            v: state(n),
+        }
     }
 
     /// One step: θ ← update(θ, g).
     pub fn step(&mut self, theta: &mut [T], grad: &[T]) {
-        assert_eq!(theta.len(), grad.len(), "gradient and parameter sizes differ");
+        assert_eq!(
+            theta.len(),
+            grad.len(),
+            "gradient and parameter sizes differ"
+        );
         self.t += 1;
         match self.kind {
             Optimizer::Sgd => {
@@ -97,7 +108,9 @@ impl<T: Real> OptimizerState<T> {
                     bc1: 1.0 - BETA1.powi(self.t),
                     bc2: 1.0 - BETA2.powi(self.t),
                 };
-                for (((p, m), v), &g) in theta.iter_mut().zip(&mut self.m).zip(&mut self.v).zip(grad) {
+                for (((p, m), v), &g) in
+                    theta.iter_mut().zip(&mut self.m).zip(&mut self.v).zip(grad)
+                {
                     T::adam(p, m, v, g, &c);
                 }
             }
@@ -118,7 +131,10 @@ mod tests {
         let mut th = vec![1.0f64, -2.0];
         let mut a = OptimizerState::new(Optimizer::Adam, 0.01, 2);
         a.step(&mut th, &[0.2, -0.4]);
-        assert!((th[0] - 0.99).abs() < 1e-9 && (th[1] + 1.99).abs() < 1e-9, "{th:?}");
+        assert!(
+            (th[0] - 0.99).abs() < 1e-9 && (th[1] + 1.99).abs() < 1e-9,
+            "{th:?}"
+        );
         // Second step with the same gradient: still lr·sign(g).
         a.step(&mut th, &[0.2, -0.4]);
         assert!((th[0] - 0.98).abs() < 1e-9, "{th:?}");

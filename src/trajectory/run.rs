@@ -101,13 +101,18 @@ struct F32Loop<'a> {
 
 impl F32Loop<'_> {
     fn rollout(&mut self, p: &Problem, data: &Inputs) -> Result<()> {
-        let e = self.loss.eval(&p.case, &with_params(data, &data.ref_logp, &self.theta, &p.case))?;
+        let e = self.loss.eval(
+            &p.case,
+            &with_params(data, &data.ref_logp, &self.theta, &p.case),
+        )?;
         self.old = e.logp;
         Ok(())
     }
 
     fn step(&mut self, p: &Problem, data: &Inputs) -> Result<Eval> {
-        let e = self.loss.eval(&p.case, &with_params(data, &self.old, &self.theta, &p.case))?;
+        let e = self
+            .loss
+            .eval(&p.case, &with_params(data, &self.old, &self.theta, &p.case))?;
         anyhow::ensure!(
             e.dlm_head.len() == self.theta.len(),
             "dlm_head has {} elements, the LM head {}",
@@ -168,7 +173,8 @@ pub fn run(
             opt_e.step(&mut theta_e, &e.grad);
             let er = r.step(problem, &data).context("plain-f32 reference")?;
             let ei = i.step(problem, &data)?;
-            let (branch_flips, ambiguous_flips) = flips(problem, &data, (&r.old, &er), (&i.old, &ei));
+            let (branch_flips, ambiguous_flips) =
+                flips(problem, &data, (&r.old, &er), (&i.old, &ei));
             let p = StepPoint {
                 step: points.len() + 1,
                 loss_exact: e.loss,
@@ -184,7 +190,9 @@ pub fn run(
                     .dlm_head
                     .par_iter()
                     .zip(&ei.dlm_head)
-                    .filter(|(a, b)| (a.is_sign_negative() != b.is_sign_negative()) && (**a != 0.0 || **b != 0.0))
+                    .filter(|(a, b)| {
+                        (a.is_sign_negative() != b.is_sign_negative()) && (**a != 0.0 || **b != 0.0)
+                    })
                     .count(),
             };
             points.push(p);

@@ -64,7 +64,11 @@ impl TrajectorySpec {
             self.lr,
             self.num_iterations,
             self.steps,
-            if self.init_std == 1.0 { String::new() } else { format!("-init{}", self.init_std) }
+            if self.init_std == 1.0 {
+                String::new()
+            } else {
+                format!("-init{}", self.init_std)
+            }
         )
     }
 
@@ -76,7 +80,9 @@ impl TrajectorySpec {
     /// Checks the trajectory against its case; the message says what is wrong.
     pub fn validate(&self, case: &Case) -> Result<(), String> {
         if case.level != Level::Fused {
-            return Err("trajectories need a fused-level case (the LM head is the parameter)".into());
+            return Err(
+                "trajectories need a fused-level case (the LM head is the parameter)".into(),
+            );
         }
         if case.knobs.logits_dtype != LogitsDtype::F32 {
             return Err("trajectories need logits_dtype f32 (a rounded product has no exact gradient to follow)".into());
@@ -94,7 +100,10 @@ impl TrajectorySpec {
             return Err(format!("trajectory lr must be > 0, got {}", self.lr));
         }
         if !(self.init_std > 0.0 && self.init_std.is_finite()) {
-            return Err(format!("trajectory init_std must be > 0, got {}", self.init_std));
+            return Err(format!(
+                "trajectory init_std must be > 0, got {}",
+                self.init_std
+            ));
         }
         if self.steps == 0 {
             return Err("trajectory steps must be >= 1".into());

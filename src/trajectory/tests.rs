@@ -4,7 +4,8 @@ use crate::runner::Prepared;
 
 fn smoke_case(dtype: &str) -> Case {
     let m = crate::cases::load_dir(&crate::repo_root().join("cases")).unwrap();
-    let id = format!("fused/{dtype}/b2_t8_v2049_h64/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed");
+    let id =
+        format!("fused/{dtype}/b2_t8_v2049_h64/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed");
     m.get(&id).unwrap_or_else(|| panic!("no case {id}")).clone()
 }
 
@@ -17,11 +18,17 @@ fn spec_of(case: &Case, opt: Optimizer) -> TrajectorySpec {
 }
 
 fn honest() -> HostLogits {
-    HostLogits { via: LogitsFn::Naive, bias: 0.0 }
+    HostLogits {
+        via: LogitsFn::Naive,
+        bias: 0.0,
+    }
 }
 
 fn biased() -> HostLogits {
-    HostLogits { via: LogitsFn::Naive, bias: SHOULD_FAIL_BIAS }
+    HostLogits {
+        via: LogitsFn::Naive,
+        bias: SHOULD_FAIL_BIAS,
+    }
 }
 
 /// The exact loop's gradient is the derivative of its loss: central differences in f64
@@ -54,7 +61,8 @@ fn the_exact_gradient_is_the_derivative_of_the_exact_loss() {
         tp[j] += h;
         let mut tm = theta.clone();
         tm[j] -= h;
-        let fd = (exact::eval(&case, &data, &tp).loss - exact::eval(&case, &data, &tm).loss) / (2.0 * h);
+        let fd =
+            (exact::eval(&case, &data, &tp).loss - exact::eval(&case, &data, &tm).loss) / (2.0 * h);
         assert!(
             (fd - e.grad[j]).abs() <= 1e-7 * e.grad.iter().fold(0.0f64, |a, x| a.max(x.abs())),
             "element {j}: finite difference {fd}, gradient {}",
@@ -97,7 +105,11 @@ fn a_biased_dlm_head_passes_every_per_call_gate_and_fails_the_sgd_trajectory() {
     assert!(ok.judgement.passed, "{}", ok.judgement.message);
     let bad = execute(&case, &spec, &mut biased(), "host", |_| {}).unwrap();
     assert!(!bad.judgement.passed, "{}", bad.judgement.message);
-    assert!(bad.judgement.message.contains("parameter drift"), "{}", bad.judgement.message);
+    assert!(
+        bad.judgement.message.contains("parameter drift"),
+        "{}",
+        bad.judgement.message
+    );
 }
 
 /// Adam's update m̂/√v̂ does not change when every gradient is scaled by 1 + b: the same
@@ -119,9 +131,20 @@ fn the_ci_problems_reach_the_clip_edges() {
         for spec in &case.trajectories {
             let r = execute(&case, spec, &mut honest(), "host", |_| {}).unwrap();
             let first: f64 = r.points.iter().step_by(2).map(|p| p.clipped_fraction).sum();
-            let second: f64 = r.points.iter().skip(1).step_by(2).map(|p| p.clipped_fraction).sum();
+            let second: f64 = r
+                .points
+                .iter()
+                .skip(1)
+                .step_by(2)
+                .map(|p| p.clipped_fraction)
+                .sum();
             assert_eq!(first, 0.0, "{} {}", case.id, spec.label());
-            assert!(second > 0.0, "{} {}: no ratio reached a clip edge", case.id, spec.label());
+            assert!(
+                second > 0.0,
+                "{} {}: no ratio reached a clip edge",
+                case.id,
+                spec.label()
+            );
         }
     }
 }
@@ -138,9 +161,15 @@ fn rounds_are_deterministic_and_group_normalised() {
     assert_eq!(a.chosen_ids, b.chosen_ids);
     assert_eq!(a.ref_logp, b.ref_logp);
     assert_ne!(p.round(4).hidden, a.hidden);
-    assert!(a.hidden.iter().all(|&x| crate::spec::DType::Bf16.round(x) == x));
+    assert!(a
+        .hidden
+        .iter()
+        .all(|&x| crate::spec::DType::Bf16.round(x) == x));
     for g in a.advantages.chunks(spec.group_size) {
-        assert!(g.iter().map(|&x| x as f64).sum::<f64>().abs() < 1e-5, "{g:?}");
+        assert!(
+            g.iter().map(|&x| x as f64).sum::<f64>().abs() < 1e-5,
+            "{g:?}"
+        );
     }
     assert!(a.ref_logp.iter().all(|&x| x < 0.0 && x.is_finite()));
 }
@@ -157,7 +186,10 @@ fn branches_may_part_only_across_an_edge() {
     assert!(amb(up - 0.01, up + 0.01, 1.0), "across the upper edge");
     assert!(amb(up + 5e-5, up + 5e-5, 1.0), "inside the band");
     assert!(!amb(up + 0.01, up + 0.02, 1.0), "both above");
-    assert!(!amb(up - 0.01, up + 0.01, -1.0), "A < 0 ignores the upper edge");
+    assert!(
+        !amb(up - 0.01, up + 0.01, -1.0),
+        "A < 0 ignores the upper edge"
+    );
     assert!(amb(down - 0.1, down + 0.1, -1.0), "across the lower edge");
     assert!(!amb(down - 0.2, down - 0.1, -1.0), "both below");
 }
@@ -170,13 +202,41 @@ fn measure_bias_against_problem_settings() {
     for dt in ["f32", "bf16"] {
         let case = smoke_case(dt);
         let bias = if dt == "f32" { SHOULD_FAIL_BIAS } else { 4e-3 };
-        for (opt, lrs) in [(Optimizer::Sgd, [0.03, 0.05, 0.08]), (Optimizer::Adam, [0.001, 0.002, 0.004])] {
+        for (opt, lrs) in [
+            (Optimizer::Sgd, [0.03, 0.05, 0.08]),
+            (Optimizer::Adam, [0.001, 0.002, 0.004]),
+        ] {
             for init in [1.0, 0.3, 0.1] {
                 for lr in lrs {
-                    let spec = TrajectorySpec { suites: vec![], optimizer: opt, lr, steps: 20, num_iterations: 2, group_size: 2, init_std: init };
+                    let spec = TrajectorySpec {
+                        suites: vec![],
+                        optimizer: opt,
+                        lr,
+                        steps: 20,
+                        num_iterations: 2,
+                        group_size: 2,
+                        init_std: init,
+                    };
                     let h = execute(&case, &spec, &mut honest(), "h", |_| {}).unwrap();
-                    let b = execute(&case, &spec, &mut HostLogits { via: LogitsFn::Naive, bias }, "h", |_| {}).unwrap();
-                    let clip: f64 = h.points.iter().skip(1).step_by(2).map(|p| p.clipped_fraction).sum::<f64>() / 10.0;
+                    let b = execute(
+                        &case,
+                        &spec,
+                        &mut HostLogits {
+                            via: LogitsFn::Naive,
+                            bias,
+                        },
+                        "h",
+                        |_| {},
+                    )
+                    .unwrap();
+                    let clip: f64 = h
+                        .points
+                        .iter()
+                        .skip(1)
+                        .step_by(2)
+                        .map(|p| p.clipped_fraction)
+                        .sum::<f64>()
+                        / 10.0;
                     let (l, lb) = (h.points.last().unwrap(), b.points.last().unwrap());
                     println!(
                         "{dt} {} init {init} lr {lr}: clipped {clip:.2} travelled {:.3e} envelope {:.3e} biased {:.3e} ratio {:.2}",

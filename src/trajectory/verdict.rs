@@ -98,7 +98,10 @@ pub fn judge(points: &[StepPoint], k: f64, steps: usize) -> Judgement {
             )
         }
     } else if points.len() < steps {
-        format!("the trajectory stopped after {} of {steps} steps", points.len())
+        format!(
+            "the trajectory stopped after {} of {steps} steps",
+            points.len()
+        )
     } else if let (Some((ratio, p, bound)), Some(l)) = (worst, last) {
         format!(
             "drift within k {k} × the plain-f32 envelope at {} {} steps (worst: step {}, {:.3e} ≤ {:.3e}, {:.2} of the bound); drift at step {} {:.3e} (reference {:.3e}), loss {:.6} (f64 {:.6}){parted_note}",
@@ -155,9 +158,17 @@ mod tests {
         assert!(j.passed, "{}", j.message);
         assert_eq!(j.bounds[0], 4.0 * DRIFT_FLOOR);
         assert_eq!(j.bounds[2], 4e-6, "the envelope does not shrink");
-        let j = judge(&[pt(1, 1e-9, 2e-7), pt(2, 1e-6, 4.1e-6), pt(3, 1e-6, 0.0)], 4.0, 3);
+        let j = judge(
+            &[pt(1, 1e-9, 2e-7), pt(2, 1e-6, 4.1e-6), pt(3, 1e-6, 0.0)],
+            4.0,
+            3,
+        );
         assert!(!j.passed);
-        assert!(j.message.starts_with("step 2: parameter drift"), "{}", j.message);
+        assert!(
+            j.message.starts_with("step 2: parameter drift"),
+            "{}",
+            j.message
+        );
     }
 
     #[test]
@@ -170,20 +181,36 @@ mod tests {
         assert!(j.message.contains("steps 3–3 not judged"), "{}", j.message);
         pts[2].ambiguous_flips = 0;
         let j = judge(&pts, 4.0, 3);
-        assert!(!j.passed && j.message.contains("no clip edge between"), "{}", j.message);
+        assert!(
+            !j.passed && j.message.contains("no clip edge between"),
+            "{}",
+            j.message
+        );
         let mut one = vec![pt(1, 1e-7, 1e-7)];
         one[0].branch_flips = 1;
         one[0].ambiguous_flips = 1;
         let j = judge(&one, 4.0, 1);
-        assert!(!j.passed && j.message.starts_with("nothing judged"), "{}", j.message);
+        assert!(
+            !j.passed && j.message.starts_with("nothing judged"),
+            "{}",
+            j.message
+        );
     }
 
     #[test]
     fn nan_and_short_series_fail() {
         let j = judge(&[pt(1, 1e-7, f64::NAN)], 4.0, 1);
-        assert!(!j.passed && j.message.contains("not finite"), "{}", j.message);
+        assert!(
+            !j.passed && j.message.contains("not finite"),
+            "{}",
+            j.message
+        );
         let j = judge(&[pt(1, 1e-7, 1e-7)], 4.0, 2);
-        assert!(!j.passed && j.message.contains("stopped after 1 of 2"), "{}", j.message);
+        assert!(
+            !j.passed && j.message.contains("stopped after 1 of 2"),
+            "{}",
+            j.message
+        );
         assert!(!judge(&[], 4.0, 0).passed);
     }
 }
