@@ -309,3 +309,56 @@ fn speed_budgets_judge_the_roofline_against_the_baselines() {
         .unwrap()
         .contains("tpu7x:2x2x1"));
 }
+
+/// Cases that differ only in their data (profile, mask, advantages) export the same module
+/// and share one compile, marked `compile_shared`, with the same figures; a case with
+/// another shape or another implementation is compiled on its own.
+#[test]
+fn a_module_is_compiled_once_per_backend_and_only_for_the_same_module() {
+    let b = backend(
+        "v6e:2x2",
+        "[jax_baseline, {id: pallas_logits, name: p, options: {block_rows: 8, block_v: 512}}]",
+    );
+    let first = parse_fixed("b: 2, t: 8, v: 2049, dtype: f32").unwrap();
+    let same_program = parse_fixed(
+        "b: 2, t: 8, v: 2049, dtype: f32, profile: large, mask: right_pad, advantages: positive",
+    )
+    .unwrap();
+    let other_shape = parse_fixed("b: 2, t: 16, v: 2049, dtype: f32").unwrap();
+    assert_ne!(first.id, same_program.id);
+    b.prepare(&[
+        ("jax_baseline", &first),
+        ("jax_baseline", &same_program),
+        ("jax_baseline", &other_shape),
+        ("p", &first),
+    ])
+    .unwrap();
+    let opts = RunOptions {
+        warmup: 0,
+        repeats: 0,
+    };
+    let run = |imp: &str, c: &Case| {
+        let o = run_trial(&b, imp, c, None, &opts);
+        assert_eq!(o.verdict, Verdict::Pass, "{}", o.failure_text());
+        o
+    };
+    let shared =
+        |o: &grpo_conformance::runner::TrialOutcome| o.timing.as_ref().unwrap().compile_shared;
+    let peak =
+        |o: &grpo_conformance::runner::TrialOutcome| o.memory.as_ref().unwrap().peak_bytes.unwrap();
+    let a = run("jax_baseline", &first);
+    assert!(!shared(&a));
+    let again = run("jax_baseline", &same_program);
+    assert!(shared(&again), "same module, same topology: one compile");
+    assert_eq!(peak(&a), peak(&again));
+    assert_eq!(
+        a.timing.as_ref().unwrap().compile_s,
+        again.timing.as_ref().unwrap().compile_s
+    );
+    let longer = run("jax_baseline", &other_shape);
+    assert!(!shared(&longer), "another shape is another module");
+    assert!(peak(&longer) > peak(&a));
+    let kernel = run("p", &first);
+    assert!(!shared(&kernel), "another implementation is another module");
+    assert_ne!(peak(&kernel), peak(&a));
+}

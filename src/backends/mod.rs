@@ -33,6 +33,10 @@ pub struct Timing {
     pub compile_s: Option<f64>,
     /// Each timed execution (after warm-up), stopped on output readiness.
     pub runs_s: Vec<f64>,
+    /// `compile_s` is the compile of the same module for an earlier trial of this run
+    /// (tpu-aot: cases that differ only in their data share one exported module).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compile_shared: bool,
 }
 
 impl Timing {

@@ -764,9 +764,10 @@ fn print_table(outcomes: &[TrialOutcome]) {
                     format!("{:.1}MiB", b as f64 / (1 << 20) as f64)
                 });
             let time = match o.timing.as_ref() {
-                Some(t) if t.runs_s.is_empty() => t
-                    .compile_s
-                    .map_or("-".into(), |c| format!("compile {}", fmt_s(Some(c)))),
+                Some(t) if t.runs_s.is_empty() => t.compile_s.map_or("-".into(), |c| {
+                    let shared = if t.compile_shared { " (shared)" } else { "" };
+                    format!("compile {}{shared}", fmt_s(Some(c)))
+                }),
                 Some(t) => fmt_s(t.median_s()),
                 None => "-".into(),
             };

@@ -227,6 +227,7 @@ mod speed_tests {
             timing: Some(Timing {
                 compile_s: None,
                 runs_s: vec![30e-6, 25e-6, 20e-6],
+                compile_shared: false,
             }),
             ..Default::default()
         };
@@ -250,6 +251,7 @@ mod speed_tests {
             timing: Some(Timing {
                 compile_s: None,
                 runs_s: vec![1.0],
+                compile_shared: false,
             }),
             ..Default::default()
         };

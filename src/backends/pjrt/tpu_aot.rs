@@ -149,6 +149,10 @@ fn compile_lock() -> &'static Mutex<()> {
 /// jax_baseline's derived cost per case id, each computed by the first trial that needs it.
 type BaselineCosts = Mutex<HashMap<String, Arc<OnceLock<Result<DerivedCost, String>>>>>;
 
+/// Compile results per exported module file, each computed by the first trial that needs
+/// it (`Err`: the compiler's message).
+type Compiled = Mutex<HashMap<PathBuf, Arc<OnceLock<Result<RunResult, String>>>>>;
+
 /// Deviceless TPU compilation for one topology.
 pub struct TpuAot {
     name: String,
@@ -159,6 +163,10 @@ pub struct TpuAot {
     exporter: Arc<Exporter>,
     /// jax_baseline's derived cost per case id (speed budgets), computed once.
     baselines: BaselineCosts,
+    /// Compile results per module: cases that differ only in their data (profile, mask,
+    /// advantages) export the same module (the artifact directory is keyed by the export
+    /// request), and its compile is the same.
+    compiled: Compiled,
 }
 
 impl TpuAot {
@@ -177,6 +185,7 @@ impl TpuAot {
             impls: crate::config::enabled(&cfg.implementations),
             exporter: shared_exporter()?,
             baselines: Mutex::default(),
+            compiled: Mutex::default(),
         })
     }
 
@@ -275,12 +284,42 @@ impl TpuAot {
             timing: Some(Timing {
                 compile_s: Some(compile_s),
                 runs_s: Vec::new(),
+                compile_shared: false,
             }),
             memory,
             cost: cost_of(&exe),
             derived,
             cost_error,
             ..Default::default()
+        })
+    }
+
+    /// [`TpuAot::compile_module`] once per module file and backend: a later trial of the
+    /// same module gets the first one's result, marked [`Timing::compile_shared`].
+    fn compile_shared(&self, module: &Path, manifest: &Manifest) -> Result<RunResult, String> {
+        let cell = self
+            .compiled
+            .lock()
+            .unwrap()
+            .entry(module.to_path_buf())
+            .or_default()
+            .clone();
+        let mut first = false;
+        let res = cell
+            .get_or_init(|| {
+                first = true;
+                self.compile_module(module, manifest)
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .clone()?;
+        Ok(if first {
+            res
+        } else {
+            let mut res = res;
+            if let Some(t) = res.timing.as_mut() {
+                t.compile_shared = true;
+            }
+            res
         })
     }
 
@@ -462,9 +501,9 @@ impl Backend for TpuAot {
             Exported::Unsupported(r) => bail!("unsupported: {r}"),
             Exported::Failed(e) => bail!("{e}"),
         };
-        let mut res = self.compile_module(&module, &manifest).map_err(|e| {
+        let mut res = self.compile_shared(&module, &manifest).map_err(|e| {
             super::export::explain_compile_failure(
-                e,
+                anyhow!(e),
                 &manifest,
                 &self.plugin,
                 "backends.tpu-aot.plugin",
