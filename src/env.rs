@@ -52,7 +52,7 @@ pub const VARS: &[Var] = &[
     Var { name: CONFIG, meaning: "run configuration file", default: "`configs/nightly.yaml` for the nightly suite, else `configs/tpu.yaml` in a `--features tpu` build, else `configs/default.yaml`", read_by: "test harness, `grpo-suite run` (when `--config` is not given)" },
     Var { name: SUITE, meaning: "suite of the test harness: smoke, ci, nightly or full", default: "`ci`", read_by: "test harness" },
     Var { name: REQUIRE_BACKENDS, meaning: "comma-separated backends that must be available: an unavailable one is a failing trial instead of an ignored one", default: "none (`scripts/test.sh` sets `reference,pjrt-cpu,tpu-aot-v6e-2x2`)", read_by: "test harness, `grpo-suite run`" },
-    Var { name: TOL_SCALE, meaning: "multiplies every tolerance (a finite number > 0; 0.1 is a stricter run); shown in the summary and in every record when ≠ 1", default: "1", read_by: "gates" },
+    Var { name: TOL_SCALE, meaning: "multiplies every tolerance, and k of the trajectory gate (docs/trajectory.md) (a finite number > 0; 0.1 is a stricter run); shown in the summary and in every record when ≠ 1", default: "1", read_by: "gates" },
     Var { name: ALLOW_LOOSE, meaning: "`1`: accept a `GRPO_TOL_SCALE` above 10 (a run that loosens every gate that much is otherwise refused)", default: "unset", read_by: "gates" },
     Var { name: BLESS, meaning: "`1`: the harness rewrites golden files instead of checking them", default: "unset (check)", read_by: "test harness" },
     Var { name: PYTHON, meaning: "Python interpreter that runs the exporter (`grpo_jax`)", default: "`.venv/bin/python`", read_by: "PJRT backends, `scripts/setup.sh`" },

@@ -34,10 +34,8 @@ pub struct JobResult {
     /// Cost analysis (flops, bytes accessed, ...), when the plugin implements it.
     pub cost: Option<std::collections::BTreeMap<String, f64>>,
     /// TPU modules: the suite's derived cost of the compiled executable, or why not.
-    #[cfg_attr(not(feature = "tpu"), allow(dead_code))]
     pub derived: Option<Result<crate::cost::DerivedCost, String>>,
     /// Kind of the first device (`TPU v6 lite`, ...): which generation's peaks apply.
-    #[cfg_attr(not(feature = "tpu"), allow(dead_code))]
     pub device_kind: Option<String>,
 }
 
