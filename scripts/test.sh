@@ -10,9 +10,9 @@
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-bash scripts/setup.sh || exit 1
 # Seconds since the last step, printed when a step ends.
 step_start=$SECONDS
+bash scripts/setup.sh || exit 1
 took() { echo "   ($1: $((SECONDS - step_start)) s)" >&2; step_start=$SECONDS; }
 took "setup"
 log="$(mktemp)"

@@ -20,11 +20,14 @@ fn suite(args: &[&str]) -> Output {
 }
 
 /// One run's records: the timed reference trials in a process of their own (libtpu's
-/// thread pools, once loaded, add noise to timings on a 2-core machine), then the
-/// tpu-aot compiles appended to the same file.
+/// thread pools, once loaded, add noise to timings on a 2-core machine), then
+/// jax_baseline's tpu-aot compiles (compiled peaks to compare) appended to the same file.
 fn record(path: &Path) {
-    for backend in ["reference", "tpu-aot-v6e-2x2"] {
-        let o = suite(&[
+    for (backend, implementation) in [
+        ("reference", None),
+        ("tpu-aot-v6e-2x2", Some("jax_baseline")),
+    ] {
+        let mut args = vec![
             "run",
             "--suite",
             "ci",
@@ -36,7 +39,11 @@ fn record(path: &Path) {
             "5",
             "--records",
             path.to_str().unwrap(),
-        ]);
+        ];
+        if let Some(i) = implementation {
+            args.extend(["--impl", i]);
+        }
+        let o = suite(&args);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
 }

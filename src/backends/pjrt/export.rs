@@ -652,13 +652,28 @@ fn check_python(env: &PyEnv) -> Result<()> {
     }
 }
 
+/// The key of an export answer: the entry as the exporter sees it (name, id, options,
+/// interpreter, pythonpath) and the case. Two entries with one name but other options
+/// (two backends built in one process, as tests do) never share an answer.
+fn done_key(imp: &ImplConfig, case: &Case) -> (String, String) {
+    let entry = format!(
+        "{}\n{}\n{}\n{:?}\n{:?}",
+        imp.display_name(),
+        imp.id,
+        serde_json::Value::Object(imp.options.clone()),
+        imp.python,
+        imp.pythonpath
+    );
+    (entry, case.id.clone())
+}
+
 /// The configured implementation called `name` (its display name).
 pub fn find<'a>(impls: &'a [ImplConfig], name: &str) -> Option<&'a ImplConfig> {
     impls.iter().find(|c| c.display_name() == name)
 }
 
 /// The exporter of one backend: which Python, which cache, which platform, and what it
-/// has answered so far (per implementation name and case id). Only work a trial will
+/// has answered so far (per entry and case id). Only work a trial will
 /// run is ever sent to it.
 pub struct Exporter {
     default_env: PyEnv,
@@ -741,8 +756,8 @@ impl Exporter {
             let done = self.done.lock().unwrap();
             let mut seen = std::collections::HashSet::new();
             work.iter()
-                .filter(|(i, c)| !done.contains_key(&(i.display_name().to_string(), c.id.clone())))
-                .filter(|(i, c)| seen.insert((i.display_name().to_string(), c.id.clone())))
+                .filter(|(i, c)| !done.contains_key(&done_key(i, c)))
+                .filter(|(i, c)| seen.insert(done_key(i, c)))
                 .copied()
                 .collect()
         };
@@ -756,10 +771,10 @@ impl Exporter {
         let mut groups: Vec<(PyEnv, Vec<(&ImplConfig, &Case)>)> = Vec::new();
         for (i, c) in todo {
             if let Some(why) = self.broken(i) {
-                self.done.lock().unwrap().insert(
-                    (i.display_name().to_string(), c.id.clone()),
-                    Exported::Failed(why),
-                );
+                self.done
+                    .lock()
+                    .unwrap()
+                    .insert(done_key(i, c), Exported::Failed(why));
                 continue;
             }
             let env = self.env_of(i);
@@ -781,7 +796,7 @@ impl Exporter {
                     Exported::Failed(m) => Exported::Failed(format!("{}: {m}", describe_entry(i))),
                     r => r,
                 };
-                done.insert((i.display_name().to_string(), c.id.clone()), r);
+                done.insert(done_key(i, c), r);
             }
         }
         Ok(())
@@ -818,7 +833,7 @@ impl Exporter {
         self.done
             .lock()
             .unwrap()
-            .get(&(imp.display_name().to_string(), case.id.clone()))
+            .get(&done_key(imp, case))
             .cloned()
             .ok_or_else(|| {
                 anyhow!(
