@@ -19,11 +19,12 @@ log="$(mktemp)"
 pylog="$(mktemp)"
 pypid=""
 trap '[ -n "$pypid" ] && kill "$pypid" 2>/dev/null; rm -f "$log" "$pylog"' EXIT
-# pytest (about 4 min, mostly one core) runs while cargo compiles the workspace's tests
-# (about 3 min on two cores): together they take about as long as pytest alone. Its
-# output is shown when both are done.
-echo "== pytest backends/jax (in the background) and cargo test --no-run" >&2
-.venv/bin/python -m pytest -q -p no:cacheprovider backends/jax/tests >"$pylog" 2>&1 &
+# pytest (about 4 min of one core's work, in two pytest-xdist workers) runs while cargo
+# compiles the workspace's tests (about 3 min on two cores): the three share both cores,
+# and pytest's workers fill the gaps of cargo's serial steps (links). Its output is shown
+# when both are done.
+echo "== pytest backends/jax (2 workers, in the background) and cargo test --no-run" >&2
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 backends/jax/tests >"$pylog" 2>&1 &
 pypid=$!
 cargo test --workspace --release --no-run 2>&1 | tee -a "$log"
 took "cargo build of the tests, with pytest running"

@@ -450,6 +450,86 @@ struct Response {
     detail: Option<String>,
 }
 
+/// Exports every (implementation, options, case) for `platform`. Each implementation's
+/// requests go to one exporter process ([`export_batch_one`]); the implementations are
+/// spread over up to [`export_jobs`] processes that run at once, balanced by their number
+/// of requests. The answers come back in `work`'s order.
+pub fn export_batch(
+    env: &PyEnv,
+    cache_dir: &Path,
+    platform: &str,
+    work: &[(&str, &serde_json::Map<String, serde_json::Value>, &Case)],
+) -> Result<Vec<Exported>> {
+    let names: Vec<&str> = work.iter().map(|w| w.0).collect();
+    let shards = shard_by_implementation(&names, export_jobs());
+    if shards.len() <= 1 {
+        return export_batch_one(env, cache_dir, platform, work);
+    }
+    let answers: Vec<Result<Vec<Exported>>> = std::thread::scope(|s| {
+        let running: Vec<_> = shards
+            .iter()
+            .map(|ks| {
+                let sub: Vec<_> = ks.iter().map(|&k| work[k]).collect();
+                s.spawn(move || export_batch_one(env, cache_dir, platform, &sub))
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("an exporter thread panicked")))
+            })
+            .collect()
+    });
+    let mut results: Vec<Option<Exported>> = vec![None; work.len()];
+    for (ks, answer) in shards.iter().zip(answers) {
+        for (&k, r) in ks.iter().zip(answer?) {
+            results[k] = Some(r);
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every request answered"))
+        .collect())
+}
+
+/// How many exporter processes one batch may run at once: the machine's cores, at most 8
+/// (each process holds its own jax, about 0.5 GB).
+pub fn export_jobs() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(8)
+}
+
+/// Splits request indices into at most `jobs` shards, every implementation (by name)
+/// whole in one shard: the largest implementations first, each to the shard with the
+/// fewest requests so far. Indices keep their order within a shard; empty shards are
+/// dropped.
+pub fn shard_by_implementation(names: &[&str], jobs: usize) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (k, n) in names.iter().enumerate() {
+        match groups.iter_mut().find(|(g, _)| g == n) {
+            Some((_, ks)) => ks.push(k),
+            None => groups.push((n, vec![k])),
+        }
+    }
+    // Stable: equal sizes keep their first-appearance order.
+    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()));
+    let mut shards: Vec<Vec<usize>> = vec![Vec::new(); jobs.max(1)];
+    for (_, ks) in groups {
+        let least = (0..shards.len())
+            .min_by_key(|&j| shards[j].len())
+            .expect("at least one shard");
+        shards[least].extend(ks);
+    }
+    shards.retain(|s| !s.is_empty());
+    for s in &mut shards {
+        s.sort_unstable();
+    }
+    shards
+}
+
 /// Exports every (implementation, options, case) for `platform` with one Python process,
 /// each module under the time limit ([`timeout`], from the exporter's ready line or its
 /// previous answer). A module that hangs or kills the exporter fails with one line (and so
@@ -457,7 +537,7 @@ struct Response {
 /// process exports the rest. Failure details (tracebacks) go to files under
 /// `<cache_dir>/export-errors/`, named in the line. `Err` only when the exporter cannot
 /// start or fails before any implementation's code ran.
-pub fn export_batch(
+fn export_batch_one(
     env: &PyEnv,
     cache_dir: &Path,
     platform: &str,
@@ -1012,6 +1092,32 @@ impl Exporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_keep_each_implementation_whole_and_balance_the_rest() {
+        let names = ["a", "b", "a", "c", "b", "a", "d"];
+        // One job: everything, in order.
+        assert_eq!(
+            shard_by_implementation(&names, 1),
+            vec![(0..7).collect::<Vec<_>>()]
+        );
+        // Two jobs, largest first to the lighter shard: a (3) | b (2), c (1) to b's (2 < 3),
+        // then d to the first of the two equal shards; indices in order.
+        let two = shard_by_implementation(&names, 2);
+        assert_eq!(two, vec![vec![0, 2, 5, 6], vec![1, 3, 4]]);
+        // More jobs than implementations: one shard each, none empty.
+        let many = shard_by_implementation(&names, 8);
+        assert_eq!(many.len(), 4);
+        for s in &many {
+            let first = names[s[0]];
+            assert!(s.iter().all(|&k| names[k] == first), "{many:?}");
+        }
+        // Every index exactly once.
+        let mut all: Vec<usize> = many.concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..7).collect::<Vec<_>>());
+        assert!(shard_by_implementation(&[], 2).is_empty());
+    }
 
     fn manifest(jax: &str) -> Manifest {
         Manifest {
