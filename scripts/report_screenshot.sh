@@ -8,7 +8,9 @@ size="${2:-1400x2200}"
 [ -f "$dir/report.html" ] || { echo "error: $dir/report.html does not exist (write it with grpo-suite report)" >&2; exit 2; }
 if ! command -v chromium >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium \
+    >/dev/null 2> >(grep -v '^debconf: delaying package configuration' >&2)
 fi
 profile="$(mktemp -d)"
 trap 'rm -rf "$profile"' EXIT

@@ -19,7 +19,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   say "installing Debian packages: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  # apt's "debconf: delaying package configuration" is noise on a machine without apt-utils.
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" \
+    >/dev/null 2> >(grep -v '^debconf: delaying package configuration' >&2)
 fi
 
 # 2. Python venv pinned by backends/jax/requirements.lock.
