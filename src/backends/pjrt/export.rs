@@ -495,7 +495,7 @@ pub fn export_batch(
 
 /// How many exporter processes one batch may run at once: the machine's cores, at most 8
 /// (each process holds its own jax, about 0.5 GB).
-pub fn export_jobs() -> usize {
+fn export_jobs() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
@@ -506,7 +506,7 @@ pub fn export_jobs() -> usize {
 /// whole in one shard: the largest implementations first, each to the shard with the
 /// fewest requests so far. Indices keep their order within a shard; empty shards are
 /// dropped.
-pub fn shard_by_implementation(names: &[&str], jobs: usize) -> Vec<Vec<usize>> {
+fn shard_by_implementation(names: &[&str], jobs: usize) -> Vec<Vec<usize>> {
     let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
     for (k, n) in names.iter().enumerate() {
         match groups.iter_mut().find(|(g, _)| g == n) {
