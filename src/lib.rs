@@ -24,6 +24,7 @@ pub mod inputs;
 pub mod npy;
 pub mod oracle;
 pub mod outputs;
+pub mod precision;
 pub mod records;
 pub mod report;
 pub mod report_speed;

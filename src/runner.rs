@@ -210,6 +210,10 @@ pub struct TrialOutcome {
     /// The exporter's jax and interpreter (exporting backends).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exporter: Option<crate::backends::ExporterInfo>,
+    /// The precision of the module's f32 matmuls and its verdict (exporting backends;
+    /// absent when the module has no matmul with an f32 operand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<crate::precision::PrecisionReport>,
     /// Trajectory trials: the series and the gate's verdict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trajectory: Option<crate::trajectory::TrajectoryRecord>,
@@ -267,6 +271,7 @@ impl TrialOutcome {
             detail: None,
             invariance: None,
             exporter: None,
+            precision: None,
             trajectory: None,
             wall_s: 0.0,
         }
@@ -317,6 +322,9 @@ impl TrialOutcome {
         }
         if let Some(s) = self.speed.as_ref().filter(|s| !s.passed) {
             lines.push(s.message.clone());
+        }
+        if let Some(m) = self.precision.as_ref().and_then(|p| p.message.as_ref()) {
+            lines.push(m.clone());
         }
         match &self.verdict {
             Verdict::Error(e) => lines.insert(0, e.clone()),
@@ -483,6 +491,7 @@ pub fn run_trial(
             out.speed = res.speed;
             out.efficiency = res.efficiency;
             out.exporter = res.exporter;
+            out.precision = res.precision;
             match (res.outputs, prep) {
                 (Some(outputs), Some(p)) => {
                     out.gates = gates::judge(case, &p.inputs, &p.oracle, &outputs);
@@ -528,6 +537,7 @@ pub fn run_trial(
                 || out.invariance.as_ref().is_some_and(|i| !i.passed());
             let budget_failed = out.budget.as_ref().is_some_and(|b| !b.passed)
                 || out.speed.as_ref().is_some_and(|s| !s.passed)
+                || out.precision.as_ref().is_some_and(|p| !p.passed)
                 || out
                     .derived
                     .as_ref()

@@ -362,3 +362,60 @@ fn a_module_is_compiled_once_per_backend_and_only_for_the_same_module() {
     assert!(!shared(&kernel), "another implementation is another module");
     assert_ne!(peak(&kernel), peak(&a));
 }
+
+/// The precision contract deviceless (docs/spec.md, "Precision"): an f32 kernel with one
+/// matmul at DEFAULT, given by config alone and not declaring reduced precision, fails on
+/// tpu-aot with one line naming that matmul; jax_baseline (HIGHEST for f32) passes, and
+/// xla_chunked's declared `matmul_precision: default` passes with its matmuls recorded.
+#[test]
+fn an_undeclared_default_f32_matmul_fails_on_tpu_aot_in_one_line() {
+    let dir = grpo_conformance::repo_root().join("tests/data/kernels");
+    let b = backend(
+        "v6e:2x2",
+        &format!(
+            "[{{id: jax_baseline}}, {{id: 'default_dot:IMPLEMENTATION', name: default_dot, pythonpath: ['{}']}}, {{id: xla_chunked, name: declared, options: {{chunk_tokens: 8, chunk_vocab: 512, matmul_precision: default}}}}]",
+            dir.display()
+        ),
+    );
+    let c = parse_fixed("level: fused, b: 2, t: 8, h: 64, v: 2049, dtype: f32, beta: 0.04")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    b.prepare(&[("jax_baseline", &c), ("default_dot", &c), ("declared", &c)])
+        .unwrap();
+    let opts = RunOptions {
+        warmup: 0,
+        repeats: 0,
+    };
+    let honest = run_trial(&b, "jax_baseline", &c, None, &opts);
+    assert_eq!(honest.verdict, Verdict::Pass, "{}", honest.failure_text());
+    let p = honest
+        .precision
+        .as_ref()
+        .expect("jax_baseline's f32 matmuls are recorded");
+    assert!(
+        p.passed && p.dots.len() == 3 && p.dots.iter().all(|d| d.precision == "HIGHEST"),
+        "{p:?}"
+    );
+    let wrong = run_trial(&b, "default_dot", &c, None, &opts);
+    assert_eq!(wrong.verdict, Verdict::Fail, "{}", wrong.failure_text());
+    let text = wrong.failure_text();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("precision:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("1 f32 matmul below f32 on tpu")
+            && line.contains("f32[2,8,64]×f32[64,2049] at DEFAULT in _logits (default_dot.py:")
+            && line.contains("one bf16 pass"),
+        "{line}"
+    );
+    let declared = run_trial(&b, "declared", &c, None, &opts);
+    assert_eq!(
+        declared.verdict,
+        Verdict::Pass,
+        "{}",
+        declared.failure_text()
+    );
+    let d = declared.precision.as_ref().unwrap();
+    assert_eq!(d.declared.as_deref(), Some("matmul_precision: default"));
+    assert!(d.dots.iter().any(|x| x.precision == "DEFAULT"), "{d:?}");
+}

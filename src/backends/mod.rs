@@ -122,6 +122,8 @@ pub struct RunResult {
     pub efficiency: Option<crate::cost::speed::Efficiency>,
     /// Which environment exported the module (exporting backends).
     pub exporter: Option<ExporterInfo>,
+    /// The precision of the module's f32 matmuls and its verdict (exporting backends).
+    pub precision: Option<crate::precision::PrecisionReport>,
 }
 
 /// The environment an implementation's module was exported in, recorded with every trial

@@ -750,6 +750,12 @@ fn print_table(outcomes: &[TrialOutcome]) {
             } else {
                 format!("{worst} ({} not provided)", missing.join(", "))
             };
+            // Reduced-precision f32 matmuls (emulated on CPU, a FAIL on tpu/cuda if undeclared).
+            let worst = match o.precision.as_ref().and_then(|p| p.summary()) {
+                Some(p) if worst == "-" => p,
+                Some(p) => format!("{worst}, {p}"),
+                None => worst,
+            };
             // Multi-device trials: whether the outputs equal the one-device run's.
             let worst = match &o.invariance {
                 Some(inv) if inv.passed() => format!("{worst}, = 1 device"),

@@ -22,6 +22,10 @@ Progress on stderr (``protocol.READY_MARKER`` once the libraries are imported,
 each implementation under a time limit and blame a hang or an ``os._exit`` on it. Results
 go to the process's original stdout; file descriptor 1 is pointed at stderr, so nothing an
 implementation writes (even from C) can corrupt the result stream.
+The manifest lists every matmul with an f32 operand (``f32_dots``: operand types,
+precision, the function or kernel it is in) and what the implementation declares about
+reduced precision (``declared_precision``); a ``cpu`` export computes reduced-precision f32
+matmuls as an accelerator would (``precision.py``).
 Artifacts: ``<dir>/module.mlirbc`` (``Exported.mlir_module_serialized``: StableHLO portable
 bytecode, one platform, unused arguments dropped) and ``<dir>/manifest.json``.
 """
@@ -36,7 +40,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Callable, Iterable, NamedTuple, Optional
 
-from . import cache
+from . import cache, precision
 from .errors import one_line
 from .protocol import CHECK_MARKER, MISMATCH_EXIT, PROTOCOL_VERSION, READY_MARKER
 from .spec import (Knobs, Problem, dtype_name, input_specs, normalize_request, output_specs,
@@ -209,10 +213,14 @@ def handle_request(req, cache_dir: Path) -> dict:
         if manifest is not None:
             return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": True}
         mod = module_problem(norm, built.problem)
-        exported = export_function(built.fn, mod, built.shardings)
+        with precision.watch(norm["platform"]) as dots:
+            exported = export_function(built.fn, mod, built.shardings)
         manifest = manifest_for(norm, key, exported, built.shardings)
         if norm["platform"] == "tpu":
             manifest.update(derive_kernels(built.fn, mod))
+        manifest["f32_dots"] = (precision.summarize(dots)
+                                + precision.kernel_dots(manifest.get("kernels", [])))
+        manifest["declared_precision"] = built.impl.declared_precision(norm["impl_options"])
         cache.store(cache_dir, key, exported.mlir_module_serialized, manifest)
         return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": False}
     except OutputContractError as exc:

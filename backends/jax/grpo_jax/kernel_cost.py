@@ -288,7 +288,9 @@ class _BodyCost:
         self.dots.append({"lhs": list(lhs.shape), "rhs": list(rhs.shape),
                           "out": list(eqn.outvars[0].aval.shape),
                           "dtypes": [_dtype_name(lhs.dtype), _dtype_name(rhs.dtype)],
-                          "passes": passes, "executions": total})
+                          "passes": passes, "executions": total,
+                          "precision": _precision_name(eqn.params.get("precision")),
+                          "where": _where(eqn)})
 
     def _dma(self, eqn, total: float) -> None:
         # The copied region's bytes: the destination ref's (transformed) shape.
@@ -300,6 +302,11 @@ class _BodyCost:
             return
         self.note("manual DMAs counted by the size of their destination ref")
         self.dma_bytes += nbytes * total
+
+
+def _where(eqn) -> str:
+    from .precision import _where as where
+    return where(eqn.source_info.traceback)
 
 
 def _precision_name(p) -> str:

@@ -13,7 +13,10 @@ from grpo_jax.adapters import from_fused_fn
 
 def token_cross_entropy(hidden, lm_head, chosen_ids, temperature):
     """[B, T] cross-entropy of the chosen ids under softmax(hidden @ lm_head / temperature)."""
-    z = jnp.einsum("bth,hv->btv", hidden, lm_head, preferred_element_type=jnp.float32)
+    # f32 inputs at HIGHEST: DEFAULT is one bf16 pass on a TPU (docs/spec.md, "Precision").
+    precision = jax.lax.Precision.HIGHEST if lm_head.dtype == jnp.float32 else None
+    z = jnp.einsum("bth,hv->btv", hidden, lm_head, preferred_element_type=jnp.float32,
+                   precision=precision)
     z = z / temperature
     chosen = jnp.take_along_axis(z, chosen_ids[..., None], axis=-1)[..., 0]
     return jax.nn.logsumexp(z, axis=-1) - chosen

@@ -191,6 +191,7 @@ impl PjrtCpu {
             memory: res.memory,
             cost: res.cost,
             exporter: Some(self.exporter.info(imp, &spec)),
+            precision: spec.precision(),
             ..Default::default()
         })
     }

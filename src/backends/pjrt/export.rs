@@ -376,6 +376,24 @@ pub struct Manifest {
     /// TPU exports whose kernel derivation failed: why (the cost is then not derived).
     #[serde(default)]
     pub kernel_cost_error: Option<String>,
+    /// Every matmul with an f32 operand: operand types, precision, where it is written
+    /// (a cpu export also says what it emulated).
+    #[serde(default)]
+    pub f32_dots: Vec<crate::precision::Dot>,
+    /// The implementation's declaration of reduced precision under its options, if any.
+    #[serde(default)]
+    pub declared_precision: Option<String>,
+}
+
+impl Manifest {
+    /// The precision verdict of this module on the platform it was exported for.
+    pub fn precision(&self) -> Option<crate::precision::PrecisionReport> {
+        crate::precision::PrecisionReport::judge(
+            &self.platform,
+            &self.f32_dots,
+            self.declared_precision.as_deref(),
+        )
+    }
 }
 
 fn one() -> usize {
@@ -1131,6 +1149,8 @@ mod tests {
             num_partitions: 1,
             kernels: vec![],
             kernel_cost_error: None,
+            f32_dots: Vec::new(),
+            declared_precision: None,
         }
     }
 

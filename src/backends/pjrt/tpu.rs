@@ -153,6 +153,7 @@ mod imp {
                 memory: res.memory,
                 cost: res.cost,
                 exporter: Some(self.exporter.info(imp, &spec)),
+                precision: spec.precision(),
                 ..Default::default()
             };
             fill_speed(&mut out, res.derived, res.device_kind.as_deref(), case);

@@ -511,6 +511,7 @@ impl Backend for TpuAot {
             )
         })?;
         res.exporter = Some(self.exporter.info(imp, &manifest));
+        res.precision = manifest.precision();
         let floor = res.memory.as_ref().and_then(|m| m.floor_bytes);
         res.derived = res.derived.take().map(|d| d.with_ratios(case, floor));
         let generation = self.generation();

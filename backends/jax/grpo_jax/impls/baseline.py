@@ -62,11 +62,19 @@ def _round_to_jvp(dtype, primals, tangents):
     return round_to(primals[0], dtype), tangents[0]
 
 
+def matmul_precision(dtype):
+    """HIGHEST for f32 operands (DEFAULT is one bf16 pass on a TPU and TF32 on a GPU:
+    docs/spec.md, "Precision"); DEFAULT for narrower ones, where it is exact products
+    accumulated in f32 already."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == f32 else None
+
+
 def fused_logits(hidden, lm_head, logits_dtype: str):
-    """hidden @ lm_head accumulated in f32; rounded to the input dtype (lm_head's: hidden
-    may come in f32 holding values of that dtype) if asked."""
+    """hidden @ lm_head accumulated in f32, at full precision for f32 inputs (its VJP's two
+    matmuls inherit it); rounded to the input dtype (lm_head's: hidden may come in f32
+    holding values of that dtype) if asked."""
     z = jnp.einsum("bth,hv->btv", hidden.astype(lm_head.dtype), lm_head,
-                   preferred_element_type=f32)
+                   preferred_element_type=f32, precision=matmul_precision(lm_head.dtype))
     if logits_dtype == "input":
         z = round_to(z, lm_head.dtype)
     return z
@@ -100,9 +108,11 @@ def _logits_f32_dhidden_bwd(res, dz):
 _logits_f32_dhidden.defvjp(_logits_f32_dhidden_fwd, _logits_f32_dhidden_bwd)
 
 
-def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
-    """The case's function: all SPEC inputs in order -> (loss, metrics..., gradients...)."""
+def build(problem: Problem, k: Knobs, options: Mapping[str, Any], logits_fn=None):
+    """The case's function: all SPEC inputs in order -> (loss, metrics..., gradients...).
+    ``logits_fn(hidden, lm_head, logits_dtype)`` replaces ``fused_logits`` (test variants)."""
     del options  # no options
+    logits_fn = logits_fn or fused_logits
     if problem.level == "logits":
         def loss_fn(logits, chosen_ids, old_logp, ref_logp, advantages, mask):
             return _loss_from_logits(logits, chosen_ids, old_logp, ref_logp, advantages, mask, k)
@@ -114,7 +124,7 @@ def build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
         return fn
 
     def loss_fn_fused(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):
-        z = fused_logits(hidden, lm_head, k.logits_dtype)
+        z = logits_fn(hidden, lm_head, k.logits_dtype)
         return _loss_from_logits(z, chosen_ids, old_logp, ref_logp, advantages, mask, k)
 
     def fn_fused(hidden, lm_head, chosen_ids, old_logp, ref_logp, advantages, mask):

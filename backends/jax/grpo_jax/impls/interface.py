@@ -101,6 +101,19 @@ class Implementation:
     # The option values worth comparing on TPU (``grpo-suite sweep``): option -> values;
     # the sweep compiles every combination deviceless. Empty: nothing to sweep.
     search_space: Mapping[str, tuple] = field(default_factory=dict)
+    # What the implementation declares about reduced precision, given its resolved
+    # options: None (the default: every matmul with f32 operands must be full precision on
+    # an accelerator; one at DEFAULT or HIGH fails on tpu and cuda) or the declaration as
+    # one line (e.g. "matmul_precision: default"), which lets such matmuls through: their
+    # CPU run is then judged on the emulated numbers (docs/spec.md, "Precision").
+    reduced_precision: Optional[Callable[[Mapping[str, Any]], Optional[str]]] = None
+
+    def declared_precision(self, options: Mapping[str, Any]) -> Optional[str]:
+        """The declaration of reduced precision under ``options``, or None."""
+        if self.reduced_precision is None:
+            return None
+        declared = self.reduced_precision(options)
+        return None if declared is None else str(declared)
 
     def resolve_options(self, options: Mapping[str, Any]) -> dict:
         """Defaults merged with the request's ``impl_options``; unknown keys are errors."""

@@ -247,6 +247,10 @@ IMPLEMENTATION = Implementation(
     extra_check=lambda p, k, o: _validate_options(o),
     validate_options=_validate_options,
     per_token=per_token,
+    # matmul_precision "default" trades the f32 matmuls' precision for speed, declared:
+    # on CPU those matmuls are then computed as a TPU would (operands rounded to bf16).
+    reduced_precision=lambda o: (None if o["matmul_precision"] == "highest"
+                                 else f"matmul_precision: {o['matmul_precision']}"),
     # Few: libtpu takes minutes per compile of these loops at the seeds' shape.
     search_space={"chunk_tokens": (512, 2048), "chunk_vocab": (4096, 16384)},
 )

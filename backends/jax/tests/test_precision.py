@@ -1,0 +1,110 @@
+"""precision.py: every matmul with an f32 operand is recorded while a module is lowered,
+and a cpu export computes DEFAULT / HIGH f32 matmuls as an accelerator would."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+
+from grpo_jax import precision
+from grpo_jax.export import handle_request
+
+HI = jax.lax.Precision.HIGHEST
+
+
+def _exported(fn, *args, platform="cpu"):
+    with precision.watch(platform) as dots:
+        exp = jax.export.export(jax.jit(fn), platforms=[platform])(
+            *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args])
+    return exp, precision.summarize(dots)
+
+
+def _operands(seed=0):
+    rng = np.random.default_rng(seed)
+    # 23 significant bits each: bf16 rounding changes them, f32 holds them exactly.
+    a = (rng.integers(1, 2**23, (4, 16)) * 2.0**-23).astype(np.float32)
+    b = (rng.integers(1, 2**23, (16, 8)) * 2.0**-23).astype(np.float32)
+    return a, b
+
+
+def _round(x, mantissa):
+    return np.asarray(jax.lax.reduce_precision(jnp.asarray(x), exponent_bits=8,
+                                               mantissa_bits=mantissa))
+
+
+@pytest.mark.parametrize("prec,mantissa", [(None, 7), (jax.lax.Precision.HIGH, 10)])
+def test_a_reduced_f32_matmul_is_computed_as_the_accelerator_does(prec, mantissa):
+    a, b = _operands()
+    exp, dots = _exported(lambda x, y: jnp.dot(x, y, precision=prec), a, b)
+    got = np.asarray(exp.call(a, b))
+    want = _round(a, mantissa).astype(np.float64) @ _round(b, mantissa).astype(np.float64)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    # The emulated product is the rounded operands' (to f32 accumulation), far from f32's.
+    assert np.max(np.abs(got - want)) < 1e-5 * np.max(np.abs(want))
+    assert np.max(np.abs(got - exact)) > 10 * np.max(np.abs(got - want))
+    assert [(d["lhs"], d["rhs"], d["precision"], d["emulated"]) for d in dots] == [
+        ("f32[4,16]", "f32[16,8]", "HIGH" if prec else "DEFAULT",
+         "tf32" if prec else "bf16")]
+    assert re.search(r"<lambda> \(test_precision\.py:\d+\)$", dots[0]["where"]), dots[0]
+
+
+def test_highest_mixed_and_bf16_matmuls_are_not_emulated():
+    a, b = _operands()
+    exp, dots = _exported(lambda x, y: jnp.dot(x, y, precision=HI), a, b)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.max(np.abs(np.asarray(exp.call(a, b)) - exact)) < 1e-6 * np.max(exact)
+    assert dots[0]["precision"] == "HIGHEST" and dots[0]["emulated"] is None
+    _, mixed = _exported(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32), a,
+                         b.astype(jnp.bfloat16))
+    assert mixed[0]["mixed"] and mixed[0]["emulated"] is None
+    _, none = _exported(lambda x, y: jnp.dot(x, y), a.astype(jnp.bfloat16),
+                        b.astype(jnp.bfloat16))
+    assert none == []
+
+
+def test_tpu_exports_record_without_emulating_and_the_rules_are_restored():
+    a, b = _operands()
+    _, dots = _exported(lambda x, y: jnp.dot(x, y), a, b, platform="tpu")
+    assert dots[0]["precision"] == "DEFAULT" and dots[0]["emulated"] is None
+    # Outside watch(), a cpu export is plain XLA:CPU again (f32).
+    exp = jax.export.export(jax.jit(lambda x, y: jnp.dot(x, y)), platforms=["cpu"])(a, b)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.max(np.abs(np.asarray(exp.call(a, b)) - exact)) < 1e-6 * np.max(exact)
+
+
+def test_a_pallas_kernels_dots_are_named_and_not_emulated():
+    a, b = _operands()
+
+    def kernel(a_ref, b_ref, o_ref):
+        o_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+    def fn(x, y):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((4, 8), jnp.float32),
+                              interpret=True, name="tiny_mm")(x, y)
+    exp, dots = _exported(fn, a, b)
+    assert [(d["kernel"], d["emulated"]) for d in dots] == [("tiny_mm", None)]
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.max(np.abs(np.asarray(exp.call(a, b)) - exact)) < 1e-6 * np.max(exact)
+
+
+def _fused(impl, dtype, options=None, platform="cpu"):
+    return handle_request({"impl": impl, "level": "fused", "b": 2, "t": 8, "v": 2049, "h": 64,
+                           "dtype": dtype, "impl_options": options or {},
+                           "platform": platform, "knobs": {"beta": 0.04}}, _fused.cache)
+
+
+def test_manifests_record_jax_baselines_highest_f32_matmuls_and_xla_chunkeds_declaration(
+        tmp_path):
+    _fused.cache = tmp_path
+    base = _fused("jax_baseline", "f32")["manifest"]
+    assert len(base["f32_dots"]) == 3 and base["declared_precision"] is None
+    assert {d["precision"] for d in base["f32_dots"]} == {"HIGHEST"}
+    assert all(d["where"].startswith("fused_logits (baseline.py:") for d in base["f32_dots"])
+    chunked = _fused("xla_chunked", "f32", {"chunk_tokens": 8, "chunk_vocab": 512,
+                                            "matmul_precision": "default"})["manifest"]
+    assert chunked["declared_precision"] == "matmul_precision: default"
+    assert {d["emulated"] for d in chunked["f32_dots"]} == {"bf16"}
+    assert _fused("xla_chunked", "f32")["manifest"]["declared_precision"] is None
