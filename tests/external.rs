@@ -418,3 +418,48 @@ fn an_entry_python_exports_in_its_own_environment() {
         );
     }
 }
+
+/// A kernel that lives outside its wrapper's package (the MLLM-JAX example's layout: the
+/// wrapper in one directory, the kernel in a checkout) is exported again when it is
+/// edited: the second run, over the same artifacts directory, gives the new verdict
+/// instead of the old module's.
+#[test]
+fn an_edited_kernel_outside_the_wrappers_package_is_exported_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let wrap = dir.path().join("wrap");
+    let lib = dir.path().join("lib/kernellib");
+    std::fs::create_dir_all(&wrap).unwrap();
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(
+        wrap.join("wrapped.py"),
+        "import dataclasses\nfrom grpo_jax.impls import baseline\nfrom kernellib import core\n\
+         IMPLEMENTATION = dataclasses.replace(baseline.IMPLEMENTATION, id='wrapped', build=core.build)\n",
+    )
+    .unwrap();
+    std::fs::write(lib.join("__init__.py"), "").unwrap();
+    let kernel = |scale: &str| {
+        format!(
+            "from grpo_jax.impls import baseline\n\
+             def build(problem, knobs, options):\n    fn = baseline.build(problem, knobs, options)\n    \
+             return lambda *a: (lambda o: (o[0] * {scale},) + tuple(o[1:]))(fn(*a))\n"
+        )
+    };
+    std::fs::write(lib.join("core.py"), kernel("1.01")).unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "backends:\n  pjrt-cpu:\n    implementations:\n      - {id: 'wrapped:IMPLEMENTATION', name: wrapped, pythonpath: [wrap, lib]}\n",
+    )
+    .unwrap();
+    let art = dir.path().join("artifacts");
+    let filter = ["--filter", "pjrt-cpu/wrapped/logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0/"];
+    let env = [("GRPO_ARTIFACTS", art.to_str().unwrap())];
+    let (first, _d1) = run(&cfg, &filter, &env);
+    let out = text(&first);
+    assert!(out.contains("0 passed, 1 failed"), "{out}");
+    assert!(out.contains("loss: FAIL"), "{out}");
+    std::fs::write(lib.join("core.py"), kernel("1.0")).unwrap();
+    let (second, _d2) = run(&cfg, &filter, &env);
+    let out = text(&second);
+    assert!(second.status.success() && out.contains("1 passed, 0 failed"), "{out}");
+}

@@ -66,21 +66,13 @@ def resolve_external(spec: str) -> Implementation:
 
 
 def external_source_hash(spec: str) -> str:
-    """sha256 of the .py files of the external module's top-level package (or the module
-    file), so a changed kernel gets a new cache key."""
-    import hashlib
-    from pathlib import Path
-    top = importlib.import_module(spec.partition(":")[0].split(".")[0])
-    h = hashlib.sha256()
-    files = []
-    if getattr(top, "__path__", None):
-        for d in top.__path__:
-            files += sorted(Path(d).rglob("*.py"))
-    elif getattr(top, "__file__", None):
-        files = [Path(top.__file__)]
-    for f in files:
-        h.update(str(f.name).encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
+    """The digest of everything the external implementation is built from: its top-level
+    package's .py files, every checkout module it reaches, and the versions of the
+    installed distributions it reaches (``grpo_jax.sources``), so a changed kernel gets a
+    new cache key wherever it lives."""
+    from .. import sources
+    resolve_external(spec)
+    return sources.digest(importlib.import_module(spec.partition(":")[0]))
 
 
 def get(impl_id: str) -> Implementation:
