@@ -21,14 +21,22 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
     }
+    // A closed pipe (`grpo-suite cases | head -1`) ends the program quietly, as it does
+    // any Unix filter, instead of a panic in println!.
+    #[cfg(unix)]
+    // SAFETY: restoring a signal's default disposition before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let args = cli::Cli::try_parse().unwrap_or_else(|e| cli::exit_on_parse_error(e));
     if let Err(e) = grpo_conformance::env::check_all() {
         eprintln!("error: {e:#}");
         std::process::exit(2);
     }
     if let Err(e) = cli::dispatch(args) {
-        // One clear line (plus causes), never a panic backtrace.
+        // One clear line (plus causes), never a panic backtrace; the status says which end
+        // (docs: README, "Exit status").
         eprintln!("error: {e:#}");
-        std::process::exit(2);
+        std::process::exit(cli::exit_code(&e));
     }
 }

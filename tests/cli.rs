@@ -284,7 +284,7 @@ fn an_expected_failure_that_fails_keeps_the_run_green() {
 fn an_expected_failure_that_passes_fails_the_run_with_the_hint() {
     let cfg = "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, cases: 'logits/f32/*', reason: 'pretend bug'}\n";
     let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[]);
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
     assert!(
         e.contains("UNEXPECTED PASS") && e.contains("remove the entry"),
@@ -330,7 +330,7 @@ fn selecting_nothing_is_an_error_not_a_green_run() {
         &["--suite", "smoke", "--filter", "no-such-trial"],
         &[],
     );
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(3));
     assert!(
         stderr(&o).contains("nothing would be checked"),
         "{}",
@@ -471,7 +471,7 @@ fn an_unavailable_backend_lists_its_trials_ignored_and_a_required_one_fails() {
             ("GRPO_ROOT", r),
         ],
     );
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(1));
     assert!(
         stderr(&o).contains("required backend `pjrt-cpu` unavailable"),
         "{}",
@@ -567,7 +567,7 @@ fn a_wrong_exporter_python_is_one_line_naming_it() {
             ("GRPO_REQUIRE_BACKENDS", "pjrt-cpu"),
         ],
     );
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
     assert!(
         e.contains("/bin/true is not a Python interpreter") && e.contains("GRPO_PYTHON"),
@@ -600,7 +600,7 @@ fn golden_check_errors_are_clear() {
         "--filter",
         id,
     ]);
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("corrupt golden file"), "{}", stderr(&o));
     // A --dir typo is one error, not one "missing" per case.
     let o = suite(&[
@@ -626,7 +626,7 @@ fn golden_check_errors_are_clear() {
         "--filter",
         "no-such-case",
     ]);
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(3));
     assert!(
         stderr(&o).contains("nothing would be checked"),
         "{}",
@@ -874,7 +874,7 @@ fn oversized_and_overflowing_shapes_are_refused_not_aborted() {
         ])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let rec = std::fs::read_to_string(&rec).unwrap();
     assert!(
         rec.contains("of host memory for its inputs, outputs and the oracle")
@@ -979,7 +979,7 @@ fn host_memory_refusal_respects_rlimit_as_and_golden_reports_it() {
         .output()
         .unwrap();
     let e = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert_eq!(o.status.code(), Some(1), "{e}");
     assert!(
         !e.contains("SIGABRT") && !e.contains("memory allocation of"),
         "{e}"
@@ -1806,7 +1806,7 @@ fn a_users_cases_with_their_own_golden_dir_run_green_without_writing_into_the_ch
     assert_ne!(text, broken);
     std::fs::write(&gold, broken).unwrap();
     let (o, _) = run("r2.jsonl", &[]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
     assert!(out.contains(&format!("FAIL golden/{}", mine[0])), "{out}");
     std::fs::write(&gold, text).unwrap();
@@ -1849,7 +1849,7 @@ fn run_filter_matches_whole_segments_unless_asked_for_a_substring() {
         .0
     };
     let o = run("b2_t8");
-    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(o.status.code(), Some(3));
     assert!(
         stderr(&o).contains("matches the selection"),
         "{}",
@@ -1858,4 +1858,119 @@ fn run_filter_matches_whole_segments_unless_asked_for_a_substring() {
     let o = run("~b2_t8_v2049/grpo/eps0.2-0.28/beta0/");
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("reference/oracle"));
+}
+
+/// Every missing-argument error names the argument (and the usage) in one line, for
+/// each subcommand that has required arguments.
+#[test]
+fn a_missing_argument_is_named_in_one_line() {
+    for (args, want) in [
+        (vec!["compare", "a.jsonl"], "<NEW>"),
+        (vec!["report", "a.jsonl"], "--out <OUT>"),
+        (vec!["cost"], "<DIR>"),
+        (vec!["sweep"], "--impl <IMPLEMENTATION>"),
+        (vec!["inputs", "logits/f32/x"], "--out <OUT>"),
+    ] {
+        let o = suite(&args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert_eq!(e.trim().lines().count(), 1, "{args:?}: {e}");
+        assert!(
+            e.contains("required arguments were not provided: ") && e.contains(want),
+            "{args:?}: {e}"
+        );
+    }
+}
+
+/// A closed pipe ends the program quietly (no panic message on stderr).
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let mut c = grpo_suite()
+        .args(["cases", "--suite", "full"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(c.stdout.take()); // the reader goes away at once, like `| head -0`
+    let o = c.wait_with_output().unwrap();
+    let e = stderr(&o);
+    assert!(
+        !e.contains("panicked") && !e.contains("failed printing"),
+        "{e}"
+    );
+}
+
+/// Exit statuses: 1 when trials did not pass, 3 when nothing was checked, 2 for a usage
+/// or configuration error (README, "Exit status").
+#[test]
+fn exit_status_tells_failed_trials_from_nothing_checked_and_bad_input() {
+    let cfg = "backends:\n  reference: {implementations: [oracle, naive_f32+NoClipInGradient]}\n";
+    let (o, _d) = run_with(
+        cfg,
+        &[
+            "--suite",
+            "smoke",
+            "--filter",
+            "reference/naive_f32+NoClipInGradient",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let (o, _d) = run_with(cfg, &["--suite", "smoke", "--filter", "no-such-trial"], &[]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let (o, _d) = run_with("backends: {nope: {}}\n", &["--suite", "smoke"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+/// `sweep --write-config` does not replace an existing file unless forced, and says so
+/// before compiling anything.
+#[test]
+fn sweep_refuses_to_overwrite_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("mine.yaml");
+    std::fs::write(&f, "repeats: 3\n").unwrap();
+    let o = suite(&[
+        "sweep",
+        "--impl",
+        "pallas_logits",
+        "--shape",
+        "b: 1, t: 8, v: 256, dtype: bf16",
+        "--write-config",
+        f.to_str().unwrap(),
+    ]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("the file exists") && e.contains("--force"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), "repeats: 3\n");
+}
+
+/// A sweep that compiled nothing (an unknown topology) ends with "nothing checked".
+#[test]
+fn a_sweep_that_compiled_nothing_is_not_green() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("s.jsonl");
+    let o = suite(&[
+        "sweep",
+        "--impl",
+        "pallas_logits",
+        "--topology",
+        "v9x:2x2",
+        "--shape",
+        "b: 1, t: 8, v: 256, dtype: bf16",
+        "--space",
+        "block_v=512",
+        "--set",
+        "block_rows=8",
+        "--records",
+        rec.to_str().unwrap(),
+    ]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{e}");
+    assert!(
+        e.contains("compiled none of its 1 option sets on v9x:2x2"),
+        "{e}"
+    );
 }

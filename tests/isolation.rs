@@ -93,7 +93,7 @@ fn a_crash_and_a_hang_are_contained_and_recorded() {
     );
     assert_eq!(
         o.status.code(),
-        Some(2),
+        Some(1),
         "the run must fail (errors), not crash\n{out}\n{err}"
     );
     let lines = records(&rec);
@@ -229,6 +229,41 @@ fn resume_skips_recorded_trials_and_tolerates_a_cut_last_line() {
         "{err}"
     );
     assert_eq!(std::fs::read_to_string(&rec).unwrap(), text);
+    // Any line of another run refuses the resume, even one this run would not reuse (a
+    // sweep's row appended to the file): nothing is appended to such a file.
+    let mut mixed = records(&rec);
+    mixed[0]["suite"] = "smoke".into();
+    let mut sweep_row = mixed[0].clone();
+    sweep_row["suite"] = "sweep".into();
+    sweep_row["name"] = "tpu-aot-v6e-2x2/pallas_logits@block_v=512/logits/x".into();
+    mixed.push(sweep_row);
+    let text: String = mixed.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&rec, &text).unwrap();
+    let o = run(dir.path(), &so, &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.code() == Some(2)
+            && err.contains(&format!(":{} (tpu-aot-v6e-2x2/pallas_logits@block_v=512/logits/x): suite differs (records: sweep; this run: smoke)", mixed.len())),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&rec).unwrap(), text);
+    // A misspelled file is an error, not a new run.
+    let missing = dir.path().join("no-such.jsonl");
+    let o = run(
+        dir.path(),
+        &so,
+        &[
+            "--resume",
+            missing.to_str().unwrap(),
+            "--backend",
+            "reference",
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.code() == Some(2) && err.contains("no such records file") && !missing.exists(),
+        "{err}"
+    );
 }
 
 /// Pids of live (not zombie) processes whose environment names `state` (a run's
@@ -373,7 +408,7 @@ fn a_truncated_plugin_is_named_not_a_sigbus() {
         ],
     );
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(o.status.code(), Some(1), "{err}");
     let lines = records(&rec);
     assert_eq!(lines.len(), 1, "{lines:?}");
     let reason = lines[0]["reason"].as_str().unwrap_or("");

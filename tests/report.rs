@@ -35,7 +35,7 @@ fn report_is_self_contained_and_puts_failures_first() {
     ]);
     assert_eq!(
         o.status.code(),
-        Some(2),
+        Some(1),
         "the wrong variant fails: {}",
         String::from_utf8_lossy(&o.stderr)
     );

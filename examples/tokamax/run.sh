@@ -24,4 +24,4 @@ TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}" target/release/grpo-suite run 
   --config examples/tokamax/grpo.yaml --filter fused/ "${records[@]}"
 rc=$?
 [ "$rc" -le 1 ] && exit "$rc"
-exit 1
+exit 2   # 2: configuration or usage error, 3: nothing checked

@@ -86,7 +86,7 @@ pub fn run(matrix: &Matrix, golden_dirs: &GoldenDirs, action: GoldenAction) -> R
         .filter(|c| !c.compile_only) // no inputs, oracle or golden values
         .collect();
     if cases.is_empty() {
-        bail!("no case of suite {suite} with golden values matches the filter: nothing would be checked");
+        return Err(super::Ended::nothing_checked(format!("no case of suite {suite} with golden values matches the filter: nothing would be checked")));
     }
     if !update && !dir.is_dir() {
         bail!(
@@ -238,10 +238,10 @@ pub fn run(matrix: &Matrix, golden_dirs: &GoldenDirs, action: GoldenAction) -> R
         } else {
             format!(" ({} refused: host memory, above)", refused.len())
         };
-        bail!(
+        return Err(super::Ended::failed(format!(
             "golden check: {} of {} cases differ{also}; {BLESS_HINT}",
             problems.len(),
             cases.len()
-        )
+        )));
     }
 }

@@ -12,6 +12,57 @@ use clap::{Parser, Subcommand};
 use grpo_conformance::cases::{CaseSources, GoldenDirs, Matrix, Suite};
 use std::path::PathBuf;
 
+/// Exit status of a command that finished with trials that did not pass (FAIL, ERROR,
+/// UNEXPECTED PASS).
+pub const EXIT_FAILED: i32 = 1;
+/// Exit status of a command-line, configuration or environment error (nothing ran, or the
+/// run could not be made).
+pub const EXIT_USAGE: i32 = 2;
+/// Exit status of a run that checked nothing: no trial selected, or none passed.
+pub const EXIT_NOTHING_CHECKED: i32 = 3;
+
+/// A command's end that is not a usage error: its exit status and one line.
+#[derive(Debug)]
+pub struct Ended {
+    /// [`EXIT_FAILED`] or [`EXIT_NOTHING_CHECKED`].
+    pub code: i32,
+    /// What to print after `error: `.
+    pub message: String,
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Ended {}
+
+impl Ended {
+    /// Trials did not pass.
+    pub fn failed(message: String) -> anyhow::Error {
+        Ended {
+            code: EXIT_FAILED,
+            message,
+        }
+        .into()
+    }
+
+    /// Nothing was checked.
+    pub fn nothing_checked(message: String) -> anyhow::Error {
+        Ended {
+            code: EXIT_NOTHING_CHECKED,
+            message,
+        }
+        .into()
+    }
+}
+
+/// The exit status of a command's error: [`Ended`]'s own, else [`EXIT_USAGE`].
+pub fn exit_code(e: &anyhow::Error) -> i32 {
+    e.downcast_ref::<Ended>().map_or(EXIT_USAGE, |x| x.code)
+}
+
 /// Conformance and performance suite for GRPO loss kernels.
 #[derive(Debug, Parser)]
 #[command(name = "grpo-suite", version, about)]
@@ -129,13 +180,30 @@ pub fn exit_on_parse_error(e: clap::Error) -> ! {
     std::process::exit(2)
 }
 
-/// clap's rendered error as one line: the `error:` line and any `tip:` lines.
+/// clap's rendered error as one line: the `error:` line, the arguments it lists below
+/// it (`<NEW>`, `--impl <IMPL>`: the missing ones), the subcommand's usage, and any
+/// `tip:` lines.
 fn one_line(rendered: &str) -> String {
-    let mut lines = rendered.lines().map(str::trim);
-    let mut out = lines
-        .next()
+    let raw: Vec<&str> = rendered.lines().collect();
+    let mut out = raw
+        .first()
+        .map(|l| l.trim())
         .unwrap_or("error: invalid command line")
         .to_string();
+    let listed: Vec<&str> = raw
+        .iter()
+        .skip(1)
+        .take_while(|l| l.starts_with("  ") && !l.trim().is_empty())
+        .map(|l| l.trim())
+        .collect();
+    if !listed.is_empty() {
+        out.push(' ');
+        out.push_str(&listed.join(", "));
+        if let Some(usage) = raw.iter().find_map(|l| l.trim().strip_prefix("Usage: ")) {
+            out.push_str(&format!(" (usage: {usage})"));
+        }
+    }
+    let lines = raw.iter().map(|l| l.trim());
     for tip in lines.filter(|l| l.starts_with("tip:")) {
         out.push_str(" (");
         out.push_str(tip);

@@ -139,10 +139,10 @@ pub fn run(
     }
     refuse_unblessed_user_cases(&plan, sources, args.suite)?;
     if plan.trials.is_empty() {
-        bail!(
+        return Err(super::Ended::nothing_checked(format!(
             "no trial of suite {} matches the selection: nothing would be checked",
             args.suite
-        );
+        )));
     }
     if args.list {
         for n in plan.names() {
@@ -178,16 +178,23 @@ pub fn run(
                 .join(format!("{}-{t}.jsonl", args.suite))
         }
     };
+    if let Some(r) = args.resume.as_ref().filter(|r| !r.is_file()) {
+        bail!(
+            "--resume {}: no such records file (nothing to resume; without --resume a run starts a new file)",
+            r.display()
+        );
+    }
     // One run writes a records file at a time; the lock lasts until this function returns.
     let _writer = records::SingleWriter::take(&path)?;
     let mut previous: Vec<TrialOutcome> = Vec::new();
     if let Some(r) = &args.resume {
         let back = records::read(r)?;
         let wanted: HashSet<String> = plan.names().into_iter().collect();
+        // Every line, not only those this run would reuse: a file that holds another
+        // run's lines (another suite, configuration or code, a sweep's rows) is refused
+        // before anything is appended to it.
         for (line, rec) in run_identity::read(r)? {
-            if wanted.contains(&rec.name) {
-                identity.check(r, line, &rec)?;
-            }
+            identity.check(r, line, &rec)?;
         }
         if let Some(line) = back.truncated_last_line {
             eprintln!("note: {}:{line}: the last record line is cut short (a crash while writing it); that trial runs again", r.display());
@@ -651,16 +658,16 @@ fn summarize(outcomes: &[TrialOutcome], plan: &Plan, scale: f64, path: &Path) ->
     }
     if !t.green() {
         if t.passed + t.expected_fail == 0 && t.failed + t.errors + t.unexpected_pass == 0 {
-            bail!(
+            return Err(super::Ended::nothing_checked(format!(
                 "no trial passed ({} ignored): the run checked nothing",
                 t.ignored
-            );
+            )));
         }
-        bail!(
+        return Err(super::Ended::failed(format!(
             "{} of {} trials did not pass",
             t.failed + t.errors + t.unexpected_pass,
             outcomes.len()
-        );
+        )));
     }
     Ok(())
 }

@@ -52,6 +52,9 @@ pub struct SweepArgs {
     /// entry to this file.
     #[arg(long)]
     pub write_config: Option<PathBuf>,
+    /// Let --write-config replace an existing file.
+    #[arg(long)]
+    pub force: bool,
     /// JSONL record file (default: records/sweep-<implementation>-<time>.jsonl).
     #[arg(long)]
     pub records: Option<PathBuf>,
@@ -184,6 +187,17 @@ mod imp {
     }
 
     pub fn run(matrix: &Matrix, args: SweepArgs) -> Result<()> {
+        // Before minutes of compiles: a configuration file is not replaced by a fragment.
+        if let Some(path) = args
+            .write_config
+            .as_ref()
+            .filter(|p| p.exists() && !args.force)
+        {
+            bail!(
+                "--write-config {}: the file exists (it would be replaced by one configuration entry); name a new file, or pass --force",
+                path.display()
+            );
+        }
         prepare_environment();
         let config_path = Config::path_for(
             args.config.as_deref(),
@@ -346,6 +360,18 @@ mod imp {
         }
         pb.finish_and_clear();
         print_table(&case, &rows, &baseline_rows, &baselines);
+        // A sweep whose option sets compiled nowhere compared nothing.
+        if !rows
+            .iter()
+            .any(|(_, o)| o.memory.is_some() || o.roofline.is_some())
+        {
+            println!("records: {}", records_path.display());
+            return Err(crate::cli::Ended::nothing_checked(format!(
+                "the sweep compiled none of its {} option sets on {} (see the table): nothing was compared",
+                entries.len(),
+                topologies.join(", ")
+            )));
+        }
         println!("\nbudgets: {}", budgets.describe());
         let per = sweep::best_per_topology(&rows);
         for t in &topologies {
