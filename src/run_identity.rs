@@ -282,4 +282,35 @@ mod tests {
         std::fs::write(d.path().join("pkg/k.py"), "x = 2\n").unwrap();
         assert_ne!(a, python_sources_digest(&dirs));
     }
+
+    /// An external entry's code digest changes with its interpreter, its `pythonpath` and
+    /// any source file there, so a resume never reuses verdicts of other code; a suite
+    /// implementation's is the package's alone.
+    #[test]
+    fn an_external_entrys_digest_follows_its_python_pythonpath_and_sources() {
+        let d = tempfile::tempdir().unwrap();
+        let (a_dir, b_dir) = (d.path().join("a"), d.path().join("b"));
+        for dir in [&a_dir, &b_dir] {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join("k.py"), "x = 1\n").unwrap();
+        }
+        std::fs::write(b_dir.join("k.py"), "x = 2\n").unwrap();
+        let entry = |python: Option<&str>, dir: &std::path::Path| {
+            let mut c = crate::config::ImplEntry::Id("k:IMPL".into()).resolved();
+            c.python = python.map(PathBuf::from);
+            c.pythonpath = vec![dir.to_path_buf()];
+            c
+        };
+        let base = code_digest(&entry(None, &a_dir), "pkg");
+        assert_ne!(
+            base,
+            code_digest(&entry(Some("/opt/venv/bin/python"), &a_dir), "pkg")
+        );
+        assert_ne!(base, code_digest(&entry(None, &b_dir), "pkg"));
+        assert_ne!(base, code_digest(&entry(None, &a_dir), "pkg2"));
+        std::fs::write(a_dir.join("k.py"), "x = 3\n").unwrap();
+        assert_ne!(base, code_digest(&entry(None, &a_dir), "pkg"));
+        let suite_impl = crate::config::ImplEntry::Id("jax_baseline".into()).resolved();
+        assert_eq!(code_digest(&suite_impl, "pkg"), "pkg");
+    }
 }

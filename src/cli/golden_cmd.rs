@@ -238,10 +238,10 @@ pub fn run(matrix: &Matrix, golden_dirs: &GoldenDirs, action: GoldenAction) -> R
         } else {
             format!(" ({} refused: host memory, above)", refused.len())
         };
-        return Err(super::Ended::failed(format!(
+        Err(super::Ended::failed(format!(
             "golden check: {} of {} cases differ{also}; {BLESS_HINT}",
             problems.len(),
             cases.len()
-        )));
+        )))
     }
 }

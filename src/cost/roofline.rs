@@ -262,4 +262,78 @@ mod tests {
         assert!((r.hbm_s - 1.638e9 / 3.70e12).abs() < 1e-15, "{r:?}");
         assert!(r.describe(&cost).contains("tpu7x"));
     }
+
+    /// Every row of the table is the documented one (docs/tpu.md, "Roofline": published
+    /// peaks with their source), and its per-device rates and roofline follow from it on
+    /// every generation, not only the v6e the ci tier compiles for: a wrong v5e or tpu7x
+    /// row would change every nightly and `sweep` verdict there unseen.
+    #[test]
+    fn every_generation_row_is_the_documented_one() {
+        let doc = std::fs::read_to_string(crate::repo_root().join("docs/tpu.md")).unwrap();
+        let number = |cell: &str| -> f64 {
+            let mut it = cell.split_whitespace();
+            let v: f64 = it.next().unwrap().parse().unwrap();
+            let unit = it.next().unwrap_or("");
+            v * match unit {
+                u if u.starts_with("TFLOP") || u.starts_with("TB") => 1e12,
+                u if u.starts_with("GB") => 1e9,
+                _ => 1.0,
+            }
+        };
+        let mut seen = 0;
+        for line in doc
+            .lines()
+            .filter(|l| l.starts_with("| v") || l.starts_with("| tpu"))
+        {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let Some(g) = GENERATIONS.iter().find(|g| g.name == cells[1]) else {
+                continue;
+            };
+            if cells.len() < 6 || !cells[2].contains("FLOP/s") {
+                continue;
+            }
+            assert_eq!(
+                g.chip_bf16_flops,
+                number(cells[2]),
+                "{} peak: {line}",
+                g.name
+            );
+            assert_eq!(
+                g.chip_hbm_bytes_per_s,
+                number(cells[3]),
+                "{} HBM: {line}",
+                g.name
+            );
+            let devices: u32 = cells[4].split_whitespace().next().unwrap().parse().unwrap();
+            assert_eq!(g.devices_per_chip, devices, "{} devices: {line}", g.name);
+            // One device's roofline of a chip's worth of work per second: `devices` s.
+            let cost = DerivedCost {
+                work: Work {
+                    matmul_flops: g.chip_bf16_flops,
+                    matmul_pass_flops: g.chip_bf16_flops,
+                    hbm_bytes: g.chip_hbm_bytes_per_s / 2.0,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let r = roofline(&cost, g);
+            assert!(
+                (r.mxu_s - devices as f64).abs() < 1e-12,
+                "{}: {r:?}",
+                g.name
+            );
+            assert!(
+                (r.hbm_s - devices as f64 / 2.0).abs() < 1e-12,
+                "{}: {r:?}",
+                g.name
+            );
+            assert_eq!(r.bound, Bound::Mxu);
+            seen += 1;
+        }
+        assert_eq!(
+            seen,
+            GENERATIONS.len(),
+            "every generation has a documented row"
+        );
+    }
 }
