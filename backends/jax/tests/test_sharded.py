@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.impls import get, sharded
-from grpo_jax.spec import Knobs, Problem, output_specs
+from grpo_jax.spec import Knobs, Problem, input_specs, output_specs
 from helpers import compare, make_inputs
 from oracle import oracle
 from test_baseline import KNOB_SETS
@@ -182,3 +182,40 @@ def test_mixture_entropy_does_not_cancel():
     want = float(np.sum(np.exp(log_w) * (ent_k - log_w)))
     assert abs(want - 0.4608) < 1e-3
     assert abs(got - want) < 1e-3, (got, want)
+
+
+def _collectives(jaxpr, out):
+    """Every (primitive, operand aval) of a cross-device reduction or gather, recursively."""
+    from jax.extend.core import jaxprs_in_params
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("psum", "psum2", "all_gather", "reduce_scatter",
+                                  "psum_scatter", "all_to_all", "ppermute"):
+            out += [(eqn.primitive.name, v.aval) for v in eqn.invars]
+        for sub in jaxprs_in_params(eqn.params):
+            _collectives(sub, out)
+    return out
+
+
+@pytest.mark.parametrize("impl,options", [("jax_baseline", {}),
+                                          ("pallas_fused", dict(block_tokens=8, block_v=512))])
+def test_the_dhidden_reduction_is_an_f32_sum_of_the_partials(impl, options):
+    """The contract of the vocab-parallel dhidden, checked directly rather than through a
+    tolerance (at 0.29 of the oracle bound a bf16 sum hides inside it): every collective
+    that moves a dhidden partial ([tokens, H]) between devices carries f32, so the sum is
+    the f32 sum of the partials, rounded once. The wrong variant (a bf16 sum) is refused."""
+    problem = Problem("fused", 2, 16, 4099, 512, "bf16")
+    knobs = Knobs.from_json(KNOB_SETS["grpo_token_beta"])
+    impl_ = get(impl)
+    opts = impl_.resolve_options(options)
+    mod = sharded.module_problem(problem, "vocab", 16)
+    args = [s.struct() for s in input_specs(mod)]
+
+    def partial_moves(**kw):
+        fn = sharded.build(impl_, problem, knobs, opts, 16, "vocab", **kw)
+        found = _collectives(jax.make_jaxpr(fn)(*args).jaxpr, [])
+        return [(p, a) for p, a in found if a.ndim >= 2 and a.shape[-1] == problem.h]
+
+    honest = partial_moves()
+    assert honest and all(a.dtype == np.float32 for _, a in honest), honest
+    wrong = partial_moves(unsafe_bf16_reduction=True)
+    assert any(a.dtype != np.float32 for _, a in wrong), wrong
