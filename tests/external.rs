@@ -469,3 +469,42 @@ fn an_edited_kernel_outside_the_wrappers_package_is_exported_again() {
         "{out}"
     );
 }
+
+/// A message many trials share (an implementation that raises on every case) is printed
+/// in full once; the later trials name the first, and a count closes the list.
+#[test]
+fn a_repeated_message_is_printed_once_with_its_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(
+        bad.join("raiser.py"),
+        "import dataclasses\nfrom grpo_jax.impls import baseline\n\
+         def _build(problem, knobs, options):\n    raise ValueError('the kernel cannot trace this')\n\
+         IMPL = dataclasses.replace(baseline.IMPLEMENTATION, id='raiser', build=_build)\n",
+    )
+    .unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "backends:\n  pjrt-cpu:\n    implementations:\n      - {id: 'raiser:IMPL', name: raiser, pythonpath: [bad]}\n",
+    )
+    .unwrap();
+    let (o, d) = run(&cfg, &["--filter", "pjrt-cpu/raiser/logits/f32/"], &[]);
+    let out = text(&o);
+    let n = records(&d).len();
+    assert!(n >= 3, "{out}");
+    assert_eq!(
+        out.matches("the kernel cannot trace this").count(),
+        1,
+        "{out}"
+    );
+    assert_eq!(out.matches("(the same message as ").count(), n - 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "note: {} more trials printed the message of pjrt-cpu/raiser/",
+            n - 1
+        )),
+        "{out}"
+    );
+}

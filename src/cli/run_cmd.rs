@@ -294,6 +294,9 @@ fn execute_all(
     let cache = CaseCache::default();
     plan.announce(&cache);
     let mut out = std::io::stdout();
+    // A message that many trials share (an implementation refusing every β ≠ 0 case) is
+    // printed in full once; later trials name the first, and the count comes at the end.
+    let mut repeated = RepeatedMessages::default();
     for t in &plan.trials {
         if protocol {
             writeln!(out, "{START}{}", t.name)?;
@@ -309,12 +312,7 @@ fn execute_all(
         }
         rec.write(suite.name(), &o)?;
         if !o.verdict.is_ok() {
-            let text = format!(
-                "{} {}\n  {}",
-                o.verdict.label(),
-                o.name,
-                o.failure_text().replace('\n', "\n  ")
-            );
+            let text = repeated.text(&o);
             match pb {
                 Some(pb) => pb.suspend(|| eprintln!("{text}")),
                 None => eprintln!("{text}"),
@@ -328,7 +326,73 @@ fn execute_all(
             pb.inc(1);
         }
     }
+    for line in repeated.counts() {
+        match pb {
+            Some(pb) => pb.suspend(|| eprintln!("{line}")),
+            None => eprintln!("{line}"),
+        }
+    }
     Ok(())
+}
+
+/// `body` without the `(traceback: FILE)` parts, which name a file per case.
+fn without_traceback_paths(body: &str) -> String {
+    let mut out = String::with_capacity(body.len());
+    let mut rest = body;
+    while let Some(i) = rest.find(" (traceback: ") {
+        out.push_str(&rest[..i]);
+        rest = match rest[i..].find(')') {
+            Some(j) => &rest[i + j + 1..],
+            None => "",
+        };
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Failure messages already printed, with the trial that printed each first and how many
+/// later trials repeated it.
+#[derive(Default)]
+struct RepeatedMessages {
+    seen: Vec<(String, String, usize)>,
+}
+
+impl RepeatedMessages {
+    /// What to print for a trial that is not ok: the message in full the first time, one
+    /// line naming the first trial after that.
+    fn text(&mut self, o: &TrialOutcome) -> String {
+        let body = o.failure_text();
+        let key = without_traceback_paths(&body);
+        if let Some((_, first, n)) = self.seen.iter_mut().find(|(b, _, _)| *b == key) {
+            *n += 1;
+            return format!(
+                "{} {}\n  (the same message as {first})",
+                o.verdict.label(),
+                o.name
+            );
+        }
+        self.seen.push((key, o.name.clone(), 0));
+        format!(
+            "{} {}\n  {}",
+            o.verdict.label(),
+            o.name,
+            body.replace('\n', "\n  ")
+        )
+    }
+
+    /// One line per message that later trials repeated, with their count.
+    fn counts(&self) -> Vec<String> {
+        self.seen
+            .iter()
+            .filter(|(_, _, n)| *n > 0)
+            .map(|(_, first, n)| {
+                format!(
+                    "note: {n} more trial{} printed the message of {first}",
+                    if *n == 1 { "" } else { "s" }
+                )
+            })
+            .collect()
+    }
 }
 
 /// The worker side: exactly the trials named in `file`, in that order.
