@@ -55,6 +55,30 @@ fn default_iterations() -> usize {
     2
 }
 
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Host bytes a trajectory of `steps` keeps until its record is written: per step its
+/// [`StepPoint`](super::run::StepPoint), the gate's bound (an f64) and the point's JSON
+/// text in the record line (measured on a point with full-length numbers). Saturates.
+pub fn memory_estimate(steps: usize) -> u64 {
+    let p = super::run::StepPoint {
+        step: usize::MAX / 2,
+        loss_exact: -0.123_456_789_012_345_67,
+        loss_reference: -0.123_456_789_012_345_67,
+        loss_implementation: -0.123_456_789_012_345_67,
+        drift_reference: 1.234_567_890_123_456_7e-100,
+        drift_implementation: 1.234_567_890_123_456_7e-100,
+        clipped_fraction: 0.123_456_789_012_345_67,
+        travelled: 0.123_456_789_012_345_67,
+        branch_flips: usize::MAX / 2,
+        ambiguous_flips: usize::MAX / 2,
+        sign_flips: usize::MAX / 2,
+    };
+    let json = serde_json::to_string(&p).map_or(512, |s| s.len());
+    let per_step = std::mem::size_of::<super::run::StepPoint>() + std::mem::size_of::<f64>() + json;
+    (steps as u64).saturating_mul(per_step as u64)
+}
+
 impl TrajectorySpec {
     /// The trajectory's part of a trial name, e.g. `sgd-lr0.1-it2-s20`.
     pub fn label(&self) -> String {
@@ -107,6 +131,19 @@ impl TrajectorySpec {
         }
         if self.steps == 0 {
             return Err("trajectory steps must be >= 1".into());
+        }
+        let need = memory_estimate(self.steps);
+        if let Some(h) = crate::host_memory::tightest(crate::host_memory::headrooms()) {
+            if need > h.free / 2 {
+                return Err(format!(
+                    "trajectory steps = {}: its per-step series would keep ~{:.1} GiB ({} B a step: points, bounds and the record's text), more than half of the {:.1} GiB free under {}",
+                    self.steps,
+                    need as f64 / GIB,
+                    need / self.steps as u64,
+                    h.free as f64 / GIB,
+                    h.source
+                ));
+            }
         }
         if self.num_iterations < 2 {
             return Err(format!(

@@ -247,3 +247,22 @@ fn measure_bias_against_problem_settings() {
         }
     }
 }
+
+/// A step count whose per-step series would not fit is refused when the case loads, with
+/// the estimate; the shipped counts load, and the estimate grows with the steps.
+#[test]
+fn a_step_count_beyond_memory_is_refused_at_load_with_the_estimate() {
+    let case = smoke_case("f32");
+    let mut spec = spec_of(&case, Optimizer::Sgd);
+    spec.validate(&case).unwrap();
+    assert_eq!(spec::memory_estimate(2000), 2 * spec::memory_estimate(1000));
+    spec.steps = 1_000_000_000_000;
+    let e = spec.validate(&case).unwrap_err();
+    assert!(
+        e.contains("trajectory steps = 1000000000000")
+            && e.contains("GiB")
+            && e.contains("B a step")
+            && e.contains("free under"),
+        "{e}"
+    );
+}
