@@ -266,3 +266,45 @@ fn a_step_count_beyond_memory_is_refused_at_load_with_the_estimate() {
         "{e}"
     );
 }
+
+/// Measures where a trajectory can show a bias (docs/trajectory.md, "Parameter ranges"):
+/// the should-fail biased dlm_head against the honest loop, SGD on the ci f32 problem,
+/// over lr and init_std. `cargo test --release --lib trajectory_parameter_scan -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn trajectory_parameter_scan() {
+    let case = smoke_case("f32");
+    let base = spec_of(&case, Optimizer::Sgd);
+    let run = |lr: f64, init: f64| {
+        let mut s = base.clone();
+        s.lr = lr;
+        s.init_std = init;
+        let ok = execute(&case, &s, &mut honest(), "host", |_| {});
+        let bad = execute(&case, &s, &mut biased(), "host", |_| {});
+        match (ok, bad) {
+            (Ok(ok), Ok(bad)) => {
+                let travel = ok.points.last().map_or(0.0, |p| p.travelled);
+                println!(
+                    "lr {lr:e} init_std {init:e}: honest {} / biased {} (travelled {travel:.3e})",
+                    if ok.judgement.passed { "pass" } else { "FAIL" },
+                    if bad.judgement.passed { "pass" } else { "FAIL" },
+                );
+            }
+            (a, b) => println!(
+                "lr {lr:e} init_std {init:e}: error {:?} {:?}",
+                a.err(),
+                b.err()
+            ),
+        }
+    };
+    for lr in [
+        1e-30, 1e-12, 1e-9, 1e-7, 1e-5, 1e-4, 1e-3, 1e-2, 0.05, 0.5, 5.0, 50.0, 1e3,
+    ] {
+        run(lr, base.init_std);
+    }
+    for init in [
+        1e-30, 1e-9, 1e-6, 1e-4, 1e-2, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 1e4, 1e30,
+    ] {
+        run(base.lr, init);
+    }
+}

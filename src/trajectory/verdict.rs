@@ -11,6 +11,13 @@ use serde::{Deserialize, Serialize};
 /// smaller than that by cancellation; no f32 loop can promise less).
 pub const DRIFT_FLOOR: f64 = 5.960464477539063e-8;
 
+/// The least relative travel ‖θ_f64 − θ₀‖/‖θ₀‖ of the exact trajectory over its steps
+/// for the trial to judge anything: below it a relative dlm_head bias at the f32 per-call
+/// tier's size (the should-fail variant's 5e-5) stays inside the envelope (measured on the
+/// ci f32 SGD problem: caught at travel 1.03e-2, missed at 7.4e-3; docs/trajectory.md,
+/// "Parameter ranges"). lr 1e-30 or init_std 1e30 travel 0 and pass with drift 0.
+pub const MIN_TRAVEL: f64 = 1e-2;
+
 /// k of the gate by dtype of the differentiable input (times `GRPO_TOL_SCALE`).
 pub fn k(dtype: DType) -> f64 {
     let base = match dtype {
@@ -77,7 +84,13 @@ pub fn judge(points: &[StepPoint], k: f64, steps: usize) -> Judgement {
             crate::oracle::EDGE_BAND
         )
     });
-    let message = if let Some((p, bound)) = first_bad {
+    let travel = points.iter().map(|p| p.travelled).fold(f64::NAN, f64::max);
+    let too_short = first_bad.is_none() && points.len() == steps && !(travel >= MIN_TRAVEL);
+    let message = if too_short {
+        format!(
+            "tests nothing: the exact trajectory travelled {travel:.2e} of ‖θ₀‖ over {steps} steps, under {MIN_TRAVEL:e}, too little for a bias to show (raise lr or steps, or lower init_std: docs/trajectory.md, \"Parameter ranges\")"
+        )
+    } else if let Some((p, bound)) = first_bad {
         if !(p.loss_implementation.is_finite() && p.drift_implementation.is_finite()) {
             format!(
                 "step {}: the implementation's loss {} / parameter drift {} is not finite",
@@ -123,7 +136,7 @@ pub fn judge(points: &[StepPoint], k: f64, steps: usize) -> Judgement {
         "no step was run".into()
     };
     Judgement {
-        passed: first_bad.is_none() && points.len() == steps && !judged.is_empty(),
+        passed: first_bad.is_none() && points.len() == steps && !judged.is_empty() && !too_short,
         k,
         bounds,
         judged_steps: judged.len(),
@@ -144,11 +157,35 @@ mod tests {
             drift_reference: r,
             drift_implementation: i,
             clipped_fraction: 0.0,
-            travelled: 0.0,
+            travelled: 0.1 * step as f64,
             branch_flips: 0,
             ambiguous_flips: 0,
             sign_flips: 0,
         }
+    }
+
+    /// A trajectory that barely moves judges nothing, however small its drift: it fails
+    /// with the travel and the remedy; at MIN_TRAVEL it is judged.
+    #[test]
+    fn a_trajectory_that_does_not_travel_tests_nothing() {
+        let mut pts = [pt(1, 1e-9, 1e-9), pt(2, 1e-9, 1e-9)];
+        for p in &mut pts {
+            p.travelled = MIN_TRAVEL * 0.99;
+        }
+        let j = judge(&pts, 4.0, 2);
+        assert!(
+            !j.passed
+                && j.message
+                    .starts_with("tests nothing: the exact trajectory travelled 9.90e-3"),
+            "{}",
+            j.message
+        );
+        pts[1].travelled = MIN_TRAVEL;
+        assert!(judge(&pts, 4.0, 2).passed);
+        for p in &mut pts {
+            p.travelled = f64::NAN;
+        }
+        assert!(!judge(&pts, 4.0, 2).passed);
     }
 
     #[test]
