@@ -1781,6 +1781,30 @@ fn a_users_cases_with_their_own_golden_dir_run_green_without_writing_into_the_ch
         "{e}"
     );
     assert!(!rec.exists());
+    // The same when --impl leaves the golden trials out of the selection.
+    let o = grpo_suite()
+        .args([
+            "--cases",
+            c,
+            "run",
+            "--suite",
+            "smoke",
+            "--filter",
+            "b1_t5_v777",
+            "--impl",
+            "oracle",
+            "--config",
+        ])
+        .arg(&cfg)
+        .arg("--records")
+        .arg(dir.path().join("r0i.jsonl"))
+        .output()
+        .unwrap();
+    let e = stderr(&o);
+    assert!(
+        o.status.code() == Some(2) && e.contains("1 of your cases has no golden file in"),
+        "{e}"
+    );
     // Bless: written under DIR/golden, only the user's case, nothing in the checkout.
     let o = suite(&["--cases", c, "golden", "update", "--suite", "smoke"]);
     assert!(o.status.success(), "{}", stderr(&o));

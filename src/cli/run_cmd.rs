@@ -419,12 +419,14 @@ fn worker(
 /// Users' cases whose golden file does not exist yet: one line for all of them, before
 /// anything runs (rather than one ERROR per golden trial), saying how to write them.
 fn refuse_unblessed_user_cases(plan: &Plan, sources: &CaseSources, suite: Suite) -> Result<()> {
-    let missing: Vec<&str> = plan
+    // Every user case a selected trial uses, golden trial or not (`--impl`, `--filter` may
+    // leave the golden trials out: the case is still unblessed).
+    let mut missing: Vec<&str> = plan
         .trials
         .iter()
         .filter_map(|t| match &t.work {
             // A case refused for host memory says so in its own trials.
-            Work::Golden(case)
+            Work::Golden(case) | Work::Run { case, .. } | Work::Trajectory { case, .. }
                 if plan.golden.is_user(case)
                     && !case.compile_only // no golden values: its trial says so
                     && grpo_conformance::trials::check_host_memory(case).is_ok()
@@ -436,6 +438,8 @@ fn refuse_unblessed_user_cases(plan: &Plan, sources: &CaseSources, suite: Suite)
             _ => None,
         })
         .collect();
+    missing.sort_unstable();
+    missing.dedup();
     if let Some(first) = missing.first() {
         let args: Vec<String> = sources
             .args()
