@@ -235,7 +235,21 @@ impl Plan {
         required: &[String],
         bless: bool,
     ) -> Result<Plan> {
-        Plan::build_inner(matrix, suite, config, required, bless, true)
+        Plan::build_inner(matrix, suite, config, required, bless, true, true)
+    }
+
+    /// [`Plan::build`] (or, with `worker`, [`Plan::build_for_worker`]) over a matrix that
+    /// is not the suite's own (`--replace-cases`): the configuration's expected failures
+    /// and case globs name the suite's cases, so they are not checked for staleness
+    /// against it.
+    pub fn build_for_user_cases(
+        matrix: &Matrix,
+        suite: Suite,
+        config: &Config,
+        required: &[String],
+        worker: bool,
+    ) -> Result<Plan> {
+        Plan::build_inner(matrix, suite, config, required, false, !worker, false)
     }
 
     /// [`Plan::build`] for a worker process of `grpo-suite run`: its parent has already
@@ -248,7 +262,7 @@ impl Plan {
         config: &Config,
         required: &[String],
     ) -> Result<Plan> {
-        Plan::build_inner(matrix, suite, config, required, false, false)
+        Plan::build_inner(matrix, suite, config, required, false, false, true)
     }
 
     fn build_inner(
@@ -258,6 +272,7 @@ impl Plan {
         required: &[String],
         bless: bool,
         validate: bool,
+        own_matrix: bool,
     ) -> Result<Plan> {
         for r in required {
             if !config.backends.names().contains(r) {
@@ -281,7 +296,12 @@ impl Plan {
         let names = config.backends.names();
 
         // Stale expected failures: judged on the whole matrix, not this suite or filter.
-        for (k, e) in config.expected_failures.iter().enumerate() {
+        for (k, e) in config
+            .expected_failures
+            .iter()
+            .enumerate()
+            .filter(|_| own_matrix)
+        {
             let hit = names.iter().any(|b| {
                 configured_implementations(config, b).iter().any(|(i, g)| {
                     matrix.suite(Suite::Full).iter().any(|c| {
@@ -308,7 +328,7 @@ impl Plan {
         }
 
         // An entry's case glob that matches no case of the matrix is a typo, not a choice.
-        for b in &names {
+        for b in names.iter().filter(|_| own_matrix) {
             for (i, g) in configured_implementations(config, b) {
                 if let Some(g) = g.filter(|g| {
                     let g = g.strip_prefix('!').unwrap_or(g);
@@ -321,7 +341,7 @@ impl Plan {
                 }
             }
         }
-        if let Some(t) = &config.backends.tpu_aot {
+        if let Some(t) = config.backends.tpu_aot.as_ref().filter(|_| own_matrix) {
             for c in crate::config::enabled(&t.implementations) {
                 if let Some(g) = c.speed_cases.as_deref().filter(|g| {
                     !matrix

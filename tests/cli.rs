@@ -1998,3 +1998,40 @@ fn a_sweep_that_compiled_nothing_is_not_green() {
         "{e}"
     );
 }
+
+/// `--replace-cases` runs what the user's cases select: the suite's self-checks (the
+/// should-fail variants must fail some case of the suite's own) are left out.
+#[test]
+fn replace_cases_leaves_the_suites_self_checks_out() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("mine.yaml"),
+        "groups:\n  - name: mine\n    suites: [ci]\n    fixed: {level: logits, b: 1, t: 5, v: 777, dtype: f32, beta: 0.04}\n",
+    )
+    .unwrap();
+    let c = dir.path().to_str().unwrap();
+    let o = suite(&[
+        "--cases",
+        c,
+        "--replace-cases",
+        "golden",
+        "update",
+        "--suite",
+        "ci",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let list = |replace: bool| {
+        let mut a = vec!["--cases", c];
+        if replace {
+            a.push("--replace-cases");
+        }
+        a.extend(["run", "--suite", "ci", "--list"]);
+        let o = suite(&a);
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    assert!(list(false).contains("should-fail/naive_f32+"));
+    let replaced = list(true);
+    assert!(!replaced.contains("should-fail/"), "{replaced}");
+    assert!(replaced.contains("b1_t5_v777"), "{replaced}");
+}

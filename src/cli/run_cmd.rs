@@ -107,12 +107,26 @@ pub fn run(
         }
     }
     let required = grpo_conformance::env::require_backends();
-    let mut plan = if args.worker.is_some() {
+    let mut plan = if sources.replace {
+        Plan::build_for_user_cases(
+            matrix,
+            args.suite,
+            &config,
+            &required,
+            args.worker.is_some(),
+        )?
+    } else if args.worker.is_some() {
         Plan::build_for_worker(matrix, args.suite, &config, &required)?
     } else {
         Plan::build(matrix, args.suite, &config, &required, false)?
     };
     plan.golden = golden.clone();
+    // The suite's self-checks (the should-fail variants must fail some case of the suite)
+    // are about the suite's own cases: with --replace-cases they would judge the user's.
+    if sources.replace {
+        plan.trials
+            .retain(|t| !matches!(t.work, Work::ShouldFail(_) | Work::TrajectoryShouldFail));
+    }
     let all_impls: Vec<String> = plan.trials.iter().map(|t| t.key.1.clone()).collect();
     for i in &args.impls {
         if !all_impls.contains(i) {
