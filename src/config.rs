@@ -166,8 +166,13 @@ pub fn cases_glob_covers(glob: &str, case_id: &str) -> bool {
     }
 }
 
-/// `*`-glob match (no other metacharacters).
+/// `*`-glob match; `a|b` matches what either alternative matches (case ids never hold a
+/// `|`). No other metacharacters.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
+    pattern.split('|').any(|p| one_glob(p, text))
+}
+
+fn one_glob(pattern: &str, text: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     if parts.len() == 1 {
         return pattern == text;
@@ -633,6 +638,12 @@ mod tests {
         assert!(glob_match("logits/f32/x", "logits/f32/x"));
         assert!(!glob_match("logits/f32", "logits/f32/x"));
         assert!(glob_match("a*b*c", "a--b--c"));
+        assert!(glob_match("*_t4_*|*_t8_*", "logits/f32/b1_t8_v9/x"));
+        assert!(!glob_match("*_t4_*|*_t8_*", "logits/f32/b1_t16_v9/x"));
+        assert!(!cases_glob_covers(
+            "!*_t4_*|*_t8_*",
+            "logits/f32/b1_t8_v9/x"
+        ));
         assert!(!glob_match("a*b*c", "a--c--b"));
         assert!(cases_glob_covers("*/f32/*", "logits/f32/x"));
         assert!(!cases_glob_covers("!*/f32/*", "logits/f32/x"));
