@@ -393,6 +393,18 @@ fn a_truncated_plugin_is_named_not_a_sigbus() {
         "groups:\n  - name: t\n    suites: [smoke]\n    fixed: {b: 1, t: 2, v: 9}\n",
     )
     .unwrap();
+    // A user's case runs only once blessed, whatever the selection.
+    let bless = std::process::Command::new(env!("CARGO_BIN_EXE_grpo-suite"))
+        .args(["--replace-cases", "--cases"])
+        .arg(&cases)
+        .args(["golden", "update", "--suite", "smoke"])
+        .output()
+        .unwrap();
+    assert!(
+        bless.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bless.stderr)
+    );
     let rec = dir.path().join("r.jsonl");
     let o = run(
         dir.path(),

@@ -116,6 +116,17 @@ fn report_survives_odd_shape_parts_and_names_output_categories() {
     )
     .unwrap();
     let rec = dir.path().join("r.jsonl");
+    // A user's case runs only once blessed, whatever the selection.
+    let o = suite(&[
+        "--replace-cases",
+        "--cases",
+        cases.to_str().unwrap(),
+        "golden",
+        "update",
+        "--suite",
+        "smoke",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = suite(&[
         "--replace-cases",
         "--cases",
