@@ -98,11 +98,10 @@ def _record(ctx, precision) -> Optional[dict]:
     }
 
 
-def _round(ctx, x, aval, mantissa: int):
+def _round(x, mantissa: int):
     """``x`` (f32) rounded to ``mantissa`` bits, f32's exponent range, in the module."""
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir.dialects import hlo
-    del aval, ctx
     return hlo.reduce_precision(x, exponent_bits=mlir.i32_attr(8),
                                 mantissa_bits=mlir.i32_attr(mantissa))
 
@@ -115,8 +114,8 @@ def _dot_rule(inner, emulate: bool):
             entry["emulated"] = None
             if (emulate and not entry["mixed"] and entry["kernel"] is None
                     and cls in _MANTISSA):
-                lhs = _round(ctx, lhs, ctx.avals_in[0], _MANTISSA[cls])
-                rhs = _round(ctx, rhs, ctx.avals_in[1], _MANTISSA[cls])
+                lhs = _round(lhs, _MANTISSA[cls])
+                rhs = _round(rhs, _MANTISSA[cls])
                 entry["emulated"] = cls
             _state.dots.append(entry)
         return inner(ctx, lhs, rhs, precision=precision, **params)
@@ -140,7 +139,6 @@ def watch(platform: str) -> Iterator[list]:
     """While lowering for ``platform``: the list filled with every dot that has an f32
     operand (``summarize`` merges repeats); on ``cpu``, reduced-precision f32 dots are
     emulated (module docstring). Restores jax's rules on exit."""
-    from jax._src import core  # noqa: F401 - jax's lowering table lives beside it
     from jax._src.interpreters import mlir
     from jax._src.lax import lax as lax_internal
     from jax._src.pallas import pallas_call as pc
