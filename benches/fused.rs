@@ -23,7 +23,7 @@
 //! never holding [B, T, V]. Pallas interpret mode is an emulation (≈ grid steps × array
 //! size), so its figure says nothing about TPU speed; it is here to be tracked.
 
-use grpo_conformance::backends::pjrt::cpu::PjrtCpu;
+use grpo_conformance::backends::pjrt::exec::PjrtExec;
 use grpo_conformance::backends::{Backend, RunOptions};
 use grpo_conformance::cases::{parse_fixed, Case};
 use grpo_conformance::config::Config;
@@ -92,7 +92,7 @@ fn cpu_model() -> String {
 }
 
 /// Runs `impls` on `case` side by side and prints medians and ratios to the first.
-fn compare(backend: &PjrtCpu, case: &Case, impls: &[&str], runs: usize) {
+fn compare(backend: &PjrtExec, case: &Case, impls: &[&str], runs: usize) {
     println!("\ncase: {}", case.id);
     let t0 = Instant::now();
     let inputs = Inputs::generate(case);
@@ -157,7 +157,7 @@ fn main() {
     println!("== fused LM-head benchmark (pjrt-cpu, fwd+bwd, median of 2 rounds x {runs} runs) ==");
     println!("machine: nproc {nproc}, cpu {}", cpu_model());
     let cfg = Config::parse(CONFIG, "benches/fused.rs").unwrap_or_else(|e| panic!("{e:#}"));
-    let backend = PjrtCpu::new(cfg.backends.pjrt_cpu.as_ref().expect("pjrt-cpu config"))
+    let backend = PjrtExec::cpu(cfg.backends.pjrt_cpu.as_ref().expect("pjrt-cpu config"))
         .unwrap_or_else(|e| panic!("pjrt-cpu must be available (run scripts/setup.sh): {e:#}"));
     let case = |[b, t, h, v]: [usize; 4]| {
         parse_fixed(&format!("level: fused, b: {b}, t: {t}, h: {h}, v: {v}, dtype: {dtype}, beta: 0.04, epsilon_high: 0.28"))

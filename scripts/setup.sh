@@ -40,4 +40,14 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.lock-*
   touch "$stamp"
 fi
+# 3. pjrt-gpu, only where an NVIDIA driver is present: the CUDA 13 PJRT plugin and CUDA
+# libraries of the pinned jax (jax[cuda13]; docs/gpu.md says why CUDA 13). Elsewhere the
+# backend is unavailable and its trials are listed as ignored.
+if [ -e /dev/nvidia0 ] || [ -e /proc/driver/nvidia/version ]; then
+  jaxv="$(grep -E '^jax==' "$lock" | cut -d= -f3)"
+  if ! .venv/bin/python -c "import jax_plugins.xla_cuda13" >/dev/null 2>&1; then
+    say "NVIDIA driver found: installing jax[cuda13]==$jaxv (the CUDA PJRT plugin of pjrt-gpu)"
+    .venv/bin/python -m pip install -q --disable-pip-version-check "jax[cuda13]==$jaxv"
+  fi
+fi
 say "ready: $(.venv/bin/python -c 'import jax; print("jax", jax.__version__)')"

@@ -3,7 +3,8 @@
 # every test: the Python package's pytest suite, then `cargo test` over the workspace
 # (unit tests, oracle self-checks, the PJRT binding against the real CPU plugin, the
 # conformance harness over the `ci` tier, doc tests), then the harness once more with
-# configs/tpu.yaml (its pjrt-tpu trials are listed as ignored without chips). Both
+# configs/tpu.yaml and configs/gpu.yaml (their pjrt-tpu and pjrt-gpu trials are listed
+# as ignored without chips or a GPU). Both
 # default backends are required: if one is unavailable the run fails instead of ignoring
 # its trials. Each step says how long it took; the run ends with one summary line over
 # both runners.
@@ -47,6 +48,20 @@ GRPO_CONFIG=configs/tpu.yaml cargo test --release --test conformance -- pjrt-tpu
 tpu=${PIPESTATUS[0]}
 [ "$tpu" -eq 0 ] || rs=$tpu
 took "configs/tpu.yaml listing"
+# The GPU execution backend likewise (the same execution backend, profile `Gpu`):
+# configs/gpu.yaml must load, and without an NVIDIA GPU its pjrt-gpu trials are listed as
+# ignored with the reason; a listing with no pjrt-gpu trial at all fails.
+echo "== cargo test with configs/gpu.yaml (pjrt-gpu trials; ignored without an NVIDIA GPU)" >&2
+gpulog="$(mktemp)"
+GRPO_CONFIG=configs/gpu.yaml GRPO_REQUIRE_BACKENDS=reference cargo test --release --test conformance -- pjrt-gpu/ 2>&1 | tee "$gpulog" | tee -a "$log"
+gpu=${PIPESTATUS[0]}
+if [ "$gpu" -eq 0 ] && ! grep -qE '^test pjrt-gpu/.* \.\.\. (ok|FAILED|ignored)' "$gpulog"; then
+  echo "configs/gpu.yaml: no pjrt-gpu trial was listed" >&2
+  gpu=1
+fi
+rm -f "$gpulog"
+[ "$gpu" -eq 0 ] || rs=$gpu
+took "configs/gpu.yaml listing"
 sum() { grep -oE "$1" "$log" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}'; }
 passed=$(( $(sum '[0-9]+ passed;') + $(sum '^[0-9]+ passed') + $(sum ' [0-9]+ passed in') ))
 failed=$(( $(sum '[0-9]+ failed;') + $(sum '[0-9]+ failed,') ))

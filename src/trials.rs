@@ -197,16 +197,18 @@ pub struct Plan {
 /// The enabled implementations a backend's configuration lists: (name, case glob).
 fn configured_implementations(config: &Config, backend: &str) -> Vec<(String, Option<String>)> {
     let b = &config.backends;
-    let list = if backend == "reference" {
-        b.reference.as_ref().map(|c| &c.implementations)
-    } else if backend == "pjrt-cpu" {
-        b.pjrt_cpu.as_ref().map(|c| &c.implementations)
-    } else if backend == "pjrt-tpu" {
-        b.pjrt_tpu.as_ref().map(|c| &c.implementations)
-    } else if backend.starts_with("tpu-aot-") {
-        b.tpu_aot.as_ref().map(|c| &c.implementations)
+    let key = if backend.starts_with("tpu-aot-") {
+        "tpu-aot"
     } else {
-        None
+        backend
+    };
+    let list = if backend == "reference" {
+        b.reference.as_ref().map(|c| &c.implementations[..])
+    } else {
+        b.exported_lists()
+            .into_iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, l)| l)
     };
     list.map(|l| {
         crate::config::enabled(l)
@@ -942,7 +944,7 @@ fn apply_expected(o: &mut TrialOutcome, expected: Option<&ExpectedFailure>) {
 /// Backends that run trajectory trials: the executing PJRT backends (the reference
 /// backend's oracle and naive_f32 are the trajectory's own exact and plain-f32 loops).
 fn runs_trajectories(backend: &str) -> bool {
-    backend == "pjrt-cpu" || backend == "pjrt-tpu"
+    matches!(backend, "pjrt-cpu" | "pjrt-gpu" | "pjrt-tpu")
 }
 
 /// The trajectory should-fail variant's name.

@@ -80,7 +80,11 @@ fn main() {
                 .iter()
                 .map(|t| Trial::test(t.name.clone(), || Ok(()))),
         );
-        libtest_mimic::run(&args, trials).exit();
+        let conclusion = libtest_mimic::run(&args, trials);
+        // The backends (their PJRT clients) end before the process does: a CUDA plugin
+        // logs an error per executable that outlives its context at exit.
+        drop(plan);
+        conclusion.exit();
     }
 
     let prepare_errors = plan.prepare();
@@ -158,5 +162,7 @@ fn main() {
     if not_applicable > 0 {
         eprintln!("note: {not_applicable} trials not applicable (a level the implementation does not have, or more devices than the topology): recorded, not listed");
     }
-    libtest_mimic::run(&args, trials).exit();
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop((plan, cache, records));
+    conclusion.exit();
 }

@@ -5,7 +5,7 @@
 
 #![cfg(feature = "pjrt")]
 
-use grpo_conformance::backends::pjrt::cpu::PjrtCpu;
+use grpo_conformance::backends::pjrt::exec::PjrtExec;
 use grpo_conformance::backends::{Backend, RunOptions};
 use grpo_conformance::cases::{parse_fixed, Case};
 use grpo_conformance::config::Config;
@@ -19,9 +19,9 @@ fn case(fixed: &str) -> Case {
     parse_fixed(fixed).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-fn backend() -> PjrtCpu {
+fn backend() -> PjrtExec {
     let cfg = Config::load_default().unwrap();
-    PjrtCpu::new(
+    PjrtExec::cpu(
         cfg.backends
             .pjrt_cpu
             .as_ref()
@@ -113,7 +113,7 @@ fn missing_plugin_is_one_clear_line() {
     if std::env::var_os(grpo_pjrt::PLUGIN_ENV).is_some() {
         return; // the environment overrides the config on purpose
     }
-    let e = format!("{:#}", PjrtCpu::new(&cfg).err().expect("must fail"));
+    let e = format!("{:#}", PjrtExec::cpu(&cfg).err().expect("must fail"));
     assert!(
         e.contains("/nonexistent/plugin.so") && e.contains("scripts/setup.sh") && !e.contains('\n'),
         "{e}"

@@ -6,9 +6,10 @@
 //! | backend | module | what it does |
 //! | --- | --- | --- |
 //! | `reference` | [`reference`] | the oracle and `naive_f32`, in process |
-//! | `pjrt-cpu` | `pjrt::cpu` | exports through `grpo_jax`, runs on the XLA CPU plugin |
+//! | `pjrt-cpu` | `pjrt::exec` (profile `Cpu`) | exports through `grpo_jax`, runs on the XLA CPU plugin |
+//! | `pjrt-gpu` | `pjrt::exec` (profile `Gpu`) | runs on an NVIDIA GPU through the CUDA PJRT plugin |
 //! | `tpu-aot-<topology>` | `pjrt::tpu_aot` | compiles the TPU export with libtpu, no chips: peak HBM, cost, budgets |
-//! | `pjrt-tpu` | `pjrt::tpu` | runs on TPU chips through libtpu (`--features tpu`) |
+//! | `pjrt-tpu` | `pjrt::exec` (profile `Tpu`) | runs on TPU chips through libtpu (`--features tpu`) |
 //!
 //! Trials are backend × implementation × case; a backend declares, as a predicate on the
 //! case, what it cannot run (an ignored trial with that reason, never a pass).
@@ -76,6 +77,15 @@ pub struct Memory {
     /// Device peak of the production compile when it differs in kind from `peak_bytes`
     /// (tpu-aot: the default compile's peak, which counts buffers prefetched into VMEM).
     pub peak_with_vmem_prefetch_bytes: Option<u64>,
+    /// The device allocator's peak bytes in use over the trial (upload, warm-up, timed
+    /// runs; `PJRT_Device_MemoryStats` of the first device), where the trial raised the
+    /// allocator's peak: a measurement, apart from the compiler's `peak_bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_peak_bytes: Option<u64>,
+    /// The device allocator's bytes in use before the trial's arguments were uploaded
+    /// (executables and buffers of earlier trials still resident).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_in_use_before_bytes: Option<u64>,
     /// Whose compiler produced these figures (`XLA:CPU`: peak = floor always, says
     /// nothing about device memory; `libtpu <version> <topology>`: HBM).
     pub source: Option<String>,
@@ -249,6 +259,9 @@ pub struct BackendsConfig {
     /// `pjrt-cpu`.
     #[serde(default, rename = "pjrt-cpu")]
     pub pjrt_cpu: Option<pjrt::PjrtCpuConfig>,
+    /// `pjrt-gpu` (execution on an NVIDIA GPU).
+    #[serde(default, rename = "pjrt-gpu")]
+    pub pjrt_gpu: Option<pjrt::PjrtGpuConfig>,
     /// `tpu-aot`: one backend per topology.
     #[serde(default, rename = "tpu-aot")]
     pub tpu_aot: Option<pjrt::TpuAotConfig>,
@@ -269,8 +282,11 @@ impl BackendsConfig {
         if let Some(c) = &self.tpu_aot {
             c.validate(origin)?;
         }
+        if let Some(c) = &self.pjrt_gpu {
+            c.validate(origin, "pjrt-gpu")?;
+        }
         if let Some(c) = &self.pjrt_tpu {
-            c.validate(origin)?;
+            c.validate(origin, "pjrt-tpu")?;
         }
         Ok(())
     }
@@ -291,7 +307,7 @@ impl BackendsConfig {
             crate::config::resolve_entry_paths(&mut c.implementations, base);
             plugin(&mut c.plugin);
         }
-        if let Some(c) = &mut self.pjrt_tpu {
+        for c in [&mut self.pjrt_gpu, &mut self.pjrt_tpu].into_iter().flatten() {
             crate::config::resolve_entry_paths(&mut c.implementations, base);
             plugin(&mut c.plugin);
         }
@@ -310,6 +326,10 @@ impl BackendsConfig {
             (
                 "tpu-aot",
                 self.tpu_aot.as_ref().and_then(|c| c.plugin.as_ref()),
+            ),
+            (
+                "pjrt-gpu",
+                self.pjrt_gpu.as_ref().and_then(|c| c.plugin.as_ref()),
             ),
             (
                 "pjrt-tpu",
@@ -332,19 +352,8 @@ impl BackendsConfig {
                 }
             }
         }
-        let lists = [
-            (
-                "pjrt-cpu",
-                self.pjrt_cpu.as_ref().map(|c| &c.implementations),
-            ),
-            ("tpu-aot", self.tpu_aot.as_ref().map(|c| &c.implementations)),
-            (
-                "pjrt-tpu",
-                self.pjrt_tpu.as_ref().map(|c| &c.implementations),
-            ),
-        ];
-        for (b, list) in lists {
-            for imp in crate::config::enabled(list.map(Vec::as_slice).unwrap_or(&[])) {
+        for (b, list) in self.exported_lists() {
+            for imp in crate::config::enabled(list) {
                 let n = imp.display_name();
                 if let Some(py) = &imp.python {
                     if !py.is_file() {
@@ -361,20 +370,31 @@ impl BackendsConfig {
         Ok(())
     }
 
-    /// The enabled implementation entries of the exporting backends (pjrt-cpu, tpu-aot,
-    /// pjrt-tpu), in config order.
-    pub fn exported_implementations(&self) -> Vec<crate::config::ImplConfig> {
-        let mut v = Vec::new();
+    /// The implementation lists of the exporting backends, by config key (`pjrt-cpu`,
+    /// `pjrt-gpu`, `tpu-aot`, `pjrt-tpu`), in config order.
+    pub fn exported_lists(&self) -> Vec<(&'static str, &[crate::config::ImplEntry])> {
+        let mut v: Vec<(&'static str, &[crate::config::ImplEntry])> = Vec::new();
         if let Some(c) = &self.pjrt_cpu {
-            v.extend(crate::config::enabled(&c.implementations));
+            v.push(("pjrt-cpu", &c.implementations));
+        }
+        if let Some(c) = &self.pjrt_gpu {
+            v.push(("pjrt-gpu", &c.implementations));
         }
         if let Some(c) = &self.tpu_aot {
-            v.extend(crate::config::enabled(&c.implementations));
+            v.push(("tpu-aot", &c.implementations));
         }
         if let Some(c) = &self.pjrt_tpu {
-            v.extend(crate::config::enabled(&c.implementations));
+            v.push(("pjrt-tpu", &c.implementations));
         }
         v
+    }
+
+    /// The enabled implementation entries of the exporting backends, in config order.
+    pub fn exported_implementations(&self) -> Vec<crate::config::ImplConfig> {
+        self.exported_lists()
+            .into_iter()
+            .flat_map(|(_, l)| crate::config::enabled(l))
+            .collect()
     }
 
     /// Names of the backends this config selects (one `tpu-aot-<topology>` per topology).
@@ -385,6 +405,9 @@ impl BackendsConfig {
         }
         if self.pjrt_cpu.is_some() {
             v.push("pjrt-cpu".to_string());
+        }
+        if self.pjrt_gpu.is_some() {
+            v.push("pjrt-gpu".to_string());
         }
         if let Some(t) = &self.tpu_aot {
             v.extend(t.topologies.iter().map(|x| pjrt::tpu_aot_name(x)));

@@ -1,5 +1,6 @@
 //! Command-line interface (clap). Each subcommand lives in its own module.
 
+mod bench_cmd;
 mod cost_cmd;
 mod golden_cmd;
 mod inputs_cmd;
@@ -130,6 +131,10 @@ pub enum Command {
     /// The derived cost and roofline of one exported TPU module (an artifact directory):
     /// where the HBM bytes and MXU FLOPs go, loops and their trip counts, kernels.
     Cost(cost_cmd::CostArgs),
+    /// Time implementations on an executing backend at cases' shapes without judging
+    /// them (compile-only cases too): median, ratio to jax_baseline, device peak,
+    /// compiled peak/floor, derived matmuls and roofline, measured/roofline.
+    Bench(bench_cmd::BenchArgs),
     /// Write a case's inputs and the oracle's outputs as .npy files plus case.json.
     Inputs {
         /// The case id (see `grpo-suite cases --suite full`).
@@ -247,6 +252,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Run(args) => run_cmd::run(&matrix, &sources, &golden, args),
         Command::Sweep(args) => sweep_cmd::run(&matrix, args),
         Command::Cost(args) => cost_cmd::run(args),
+        Command::Bench(args) => bench_cmd::run(&matrix, args),
         Command::Golden { action } => golden_cmd::run(&matrix, &golden, action),
         Command::Report { run, baseline, out } => {
             let w = grpo_conformance::report::write(&run, baseline.as_deref(), &out)?;

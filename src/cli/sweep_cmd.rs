@@ -408,7 +408,7 @@ mod imp {
                 "# grpo-suite sweep --impl {} on {} ({}): the best option set within the budgets\n# ({}) on {}; worst {worst:.2}× {BASELINE}'s roofline, on {on}. Paste under backends: tpu-aot: implementations:.\n{}\n",
                 args.implementation,
                 case.id,
-                grpo_conformance::cost::roofline::GENERATIONS.iter().map(|g| g.name).collect::<Vec<_>>().join("/"),
+                grpo_conformance::cost::roofline::GENERATIONS.iter().filter(|g| g.accelerator == grpo_conformance::cost::Accelerator::Tpu).map(|g| g.name).collect::<Vec<_>>().join("/"),
                 budgets.describe(),
                 topologies.join(", "),
                 sweep::config_entry(&args.implementation, &name, &e.options, &budgets)

@@ -1,5 +1,5 @@
-//! The derived cost of a compiled module: a walk over its optimized HLO (what XLA:TPU will
-//! run) that counts every instruction as many times as it runs.
+//! The derived cost of a compiled module: a walk over its optimized HLO (what XLA:TPU or
+//! XLA:GPU will run) that counts every instruction as many times as it runs.
 //!
 //! - **Loops**: a `while` body counts trip-count times. The trip count is read from the
 //!   loop itself: the condition compares an induction variable (a tuple element) with a
@@ -11,19 +11,30 @@
 //!   (`copy-start`). A fusion reads a parameter used only through (dynamic) slices or
 //!   gathers as those slices, writes a dynamic-update-slice or a scatter in place as its
 //!   update; an unfused slice reads its result's bytes (XLA's cost-analysis conventions).
-//! - **FLOPs**: `dot` 2·M·N·K (weighted by bf16 passes for the roofline: an f32 operand at
-//!   HIGHEST 6, HIGH 3, DEFAULT 1); elementwise ops one per result element, reductions
-//!   one per input element, transcendental ops (exp, log, tanh, ...) as transcendentals.
+//! - **FLOPs**: `dot` 2·M·N·K, weighted for the roofline by its time relative to a bf16
+//!   FLOP on the [`Accelerator`] ([`dot_passes`]: on TPU the bf16 passes, an f32 operand
+//!   at HIGHEST 6, HIGH 3, DEFAULT 1; on GPU the tensor-core rates, an f32 operand at
+//!   HIGHEST 15, else 2); elementwise ops one per result element, reductions one per
+//!   input element, transcendental ops (exp, log, tanh, ...) as transcendentals.
+//! - **cuBLAS and cuDNN calls** (XLA:GPU's `custom-call`s to `__cublas$gemm`,
+//!   `__cublas$lt$matmul[$f8]`, `__cudnn$conv*`): counted from their shapes, a gemm's
+//!   contracting dimensions and precision read from its `backend_config`, a convolution's
+//!   from its dimension numbers; their bytes leave out the scratch workspace XLA appends to
+//!   their results. A gemm whose config cannot be read, and any other cuDNN call, count
+//!   their bytes only and are named in `notes`. Triton gemms are fusions: their dots count
+//!   as any fused dot.
 //! - **Mosaic kernels** (`custom-call` to `tpu_custom_call`): the exporter's derivation
 //!   from the kernel ([`super::KernelCost`]), matched by operand and result shapes and
 //!   the kernel name in the op metadata; never the declared `CostEstimate`, which is
 //!   recorded beside it and checked against it.
 
 use super::{
-    check_declared, Contributor, DerivedCost, KernelCost, KernelUse, LoopTrip, Work,
+    check_declared, Accelerator, Contributor, DerivedCost, KernelCost, KernelUse, LoopTrip, Work,
     COST_MODEL_VERSION, TOP_CONTRIBUTORS,
 };
-use grpo_pjrt::hlo::{element_name, HloComputation, HloInstruction, HloModule, Shape};
+use grpo_pjrt::hlo::{
+    element_name, ConvolutionDimensionNumbers, HloComputation, HloInstruction, HloModule, Shape,
+};
 use std::collections::HashMap;
 
 /// Opcodes that are one transcendental per result element.
@@ -97,12 +108,35 @@ const FREE: [&str; 13] = [
     "iota",
 ];
 
-/// The derived cost of `module`, with the Mosaic kernels' costs from `kernels` (the
-/// manifest's; an unmatched kernel is named in the notes and adds nothing).
+/// The cuBLAS gemm targets of XLA:GPU (a dot it hands to cuBLAS or cuBLASLt).
+const CUBLAS_GEMMS: [&str; 3] = [
+    "__cublas$gemm",
+    "__cublas$lt$matmul",
+    "__cublas$lt$matmul$f8",
+];
+
+/// Prefix of XLA:GPU's cuDNN custom-call targets.
+const CUDNN: &str = "__cudnn$";
+
+/// The derived cost of `module` compiled for a TPU, with the Mosaic kernels' costs from
+/// `kernels` (the manifest's; an unmatched kernel is named in the notes and adds nothing):
+/// [`derive_on`] with [`Accelerator::Tpu`].
 pub fn derive(module: &HloModule, kernels: &[KernelCost]) -> DerivedCost {
+    derive_on(module, kernels, Accelerator::Tpu)
+}
+
+/// The derived cost of `module` compiled for `accelerator` (which weighs its dots in
+/// `matmul_pass_flops`: [`dot_passes`]), with the Mosaic kernels' costs from `kernels`
+/// (none on GPU: pass `&[]`).
+pub fn derive_on(
+    module: &HloModule,
+    kernels: &[KernelCost],
+    accelerator: Accelerator,
+) -> DerivedCost {
     let mut w = Walker {
         comps: module.computations.iter().map(|c| (c.id, c)).collect(),
         kernels,
+        accelerator,
         total: Work::default(),
         kernel_work: Work::default(),
         uses: Vec::new(),
@@ -152,6 +186,7 @@ pub fn derive(module: &HloModule, kernels: &[KernelCost]) -> DerivedCost {
 struct Walker<'a> {
     comps: HashMap<i64, &'a HloComputation>,
     kernels: &'a [KernelCost],
+    accelerator: Accelerator,
     total: Work,
     kernel_work: Work,
     uses: Vec<KernelUse>,
@@ -180,6 +215,42 @@ fn elements(i: &HloInstruction) -> f64 {
     })
 }
 
+/// The first array leaf of an instruction's result (a library call's result before its
+/// workspace).
+fn first_leaf(i: &HloInstruction) -> Shape {
+    shape_of(i)
+        .leaves()
+        .first()
+        .map_or_else(Shape::default, |l| (*l).clone())
+}
+
+/// Operand precisions of a `dot` or `convolution` (`DEFAULT` 0, `HIGH` 1, `HIGHEST` 2).
+fn precision_of(i: &HloInstruction) -> Vec<i32> {
+    i.precision_config
+        .as_ref()
+        .map(|p| p.operand_precision.clone())
+        .unwrap_or_default()
+}
+
+/// Adds a matmul of `flops` FLOPs, each weighing `passes`, to `acc`.
+fn add_matmul(acc: &mut Work, flops: f64, passes: f64) {
+    acc.matmul_flops += flops;
+    acc.matmul_pass_flops += flops * passes;
+}
+
+/// FLOPs of a convolution whose (forward) output has `output_elements` elements: each
+/// contracts the kernel's input features times its spatial window (XLA:TPU writes
+/// matmuls as convolutions).
+fn conv_flops(output_elements: f64, kernel: &Shape, dn: &ConvolutionDimensionNumbers) -> f64 {
+    let dim = |d: i64| kernel.dimensions.get(d as usize).copied().unwrap_or(1) as f64;
+    let window: f64 = dn
+        .kernel_spatial_dimensions
+        .iter()
+        .map(|&d| dim(d))
+        .product();
+    2.0 * output_elements * dim(dn.kernel_input_feature_dimension) * window
+}
+
 /// bf16 MXU passes of an XLA dot: 1 unless an operand is f32; then by precision
 /// (HIGHEST 6, HIGH 3, DEFAULT 1: XLA:TPU's default is one bf16 pass).
 pub fn xla_dot_passes(lhs: i32, rhs: i32, precision: &[i32]) -> f64 {
@@ -192,6 +263,168 @@ pub fn xla_dot_passes(lhs: i32, rhs: i32, precision: &[i32]) -> f64 {
         1 => 3.0,
         _ => 1.0,
     }
+}
+
+/// Time of an f32 dot FLOP on TF32 tensor cores (XLA:GPU's f32 dot at `DEFAULT` or
+/// `HIGH`) relative to a bf16 tensor-core FLOP: half the rate on A100, H100 and H200
+/// (dense, NVIDIA's datasheets: A100 156 against 312 TFLOP/s, H100/H200 SXM 494.7
+/// against 989.4).
+pub const GPU_TF32_PASSES: f64 = 2.0;
+
+/// Time of an f32 dot FLOP without tensor cores (XLA:GPU's f32 dot at `HIGHEST`: CUDA-core
+/// FP32) relative to a bf16 tensor-core FLOP: H100/H200 SXM 989.4 / 67 = 14.8, A100
+/// 312 / 19.5 = 16 (NVIDIA's datasheets: dense bf16 tensor core against FP32). An f64 dot
+/// (FP64 tensor cores: 67 and 19.5 TFLOP/s, the same figures) weighs the same.
+pub const GPU_FP32_PASSES: f64 = 15.0;
+
+/// Time of an FP8 dot FLOP relative to a bf16 one: FP8 tensor cores run at twice the bf16
+/// rate (H100/H200 SXM datasheets: 1979 against 989.4 TFLOP/s dense; the A100 has none).
+pub const GPU_FP8_PASSES: f64 = 0.5;
+
+/// XLA's FP8 `PrimitiveType`s (F8E5M2, F8E4M3FN, F8E4M3B11FNUZ, F8E5M2FNUZ, F8E4M3FNUZ,
+/// F8E4M3, F8E3M4).
+const FP8_TYPES: [i32; 7] = [19, 20, 23, 24, 25, 28, 29];
+
+/// XLA's F64 `PrimitiveType`.
+const F64: i32 = 12;
+
+/// Time of an XLA:GPU dot FLOP relative to a bf16 tensor-core FLOP (the GPU's "bf16
+/// passes"): an f64 operand or an f32 one at `HIGHEST` [`GPU_FP32_PASSES`], another f32
+/// operand [`GPU_TF32_PASSES`] (TF32 at `DEFAULT` and `HIGH`), two FP8 operands
+/// [`GPU_FP8_PASSES`], anything else (bf16, f16) 1.
+pub fn gpu_dot_passes(lhs: i32, rhs: i32, precision: &[i32]) -> f64 {
+    let types = [lhs, rhs];
+    let highest = precision.contains(&2);
+    if types.contains(&grpo_pjrt::hlo::primitive::F32) {
+        if highest {
+            GPU_FP32_PASSES
+        } else {
+            GPU_TF32_PASSES
+        }
+    } else if types.contains(&F64) {
+        GPU_FP32_PASSES
+    } else if types.iter().all(|t| FP8_TYPES.contains(t)) {
+        GPU_FP8_PASSES
+    } else {
+        1.0
+    }
+}
+
+/// Weight of an XLA:GPU dot `algorithm` (`PrecisionConfig.Algorithm`, by name:
+/// `ALG_DOT_{A}_{B}_{ACC}[_X{N}]`): N primitive operations of the A type's weight (bf16,
+/// f16 1; TF32 [`GPU_TF32_PASSES`]; f32, f64 [`GPU_FP32_PASSES`]; any FP8
+/// [`GPU_FP8_PASSES`]). `None` for `ALG_UNSET` or a name it does not know.
+pub fn gpu_algorithm_passes(algorithm: &str) -> Option<f64> {
+    let name = algorithm.strip_prefix("ALG_DOT_")?;
+    let (types, ops) = match name.rsplit_once("_X").map(|(t, n)| (t, n.parse::<u32>())) {
+        Some((t, Ok(n))) => (t, n),
+        _ => (name, 1),
+    };
+    let per_op = match types.split('_').next()? {
+        "BF16" | "F16" => 1.0,
+        "TF32" => GPU_TF32_PASSES,
+        "F32" | "F64" => GPU_FP32_PASSES,
+        "ANY" if types.starts_with("ANY_F8") => GPU_FP8_PASSES,
+        _ => return None,
+    };
+    Some(per_op * ops as f64)
+}
+
+/// Weight of a dot FLOP on `accelerator` relative to a bf16 FLOP at its peak:
+/// [`xla_dot_passes`] on TPU, [`gpu_dot_passes`] on GPU.
+pub fn dot_passes(accelerator: Accelerator, lhs: i32, rhs: i32, precision: &[i32]) -> f64 {
+    match accelerator {
+        Accelerator::Tpu => xla_dot_passes(lhs, rhs, precision),
+        Accelerator::Gpu => gpu_dot_passes(lhs, rhs, precision),
+    }
+}
+
+/// What the walk reads of a cuBLAS call's `backend_config` (XLA:GPU's `GpuBackendConfig`
+/// as proto3 JSON: `gemm_backend_config.dot_dimension_numbers` and `.precision_config`).
+struct GemmConfig {
+    /// Product of the lhs's contracting dimensions.
+    contracted: f64,
+    /// Operand precisions (`DEFAULT` 0, `HIGH` 1, `HIGHEST` 2).
+    precision: Vec<i32>,
+    /// The `algorithm`, if set.
+    algorithm: Option<String>,
+}
+
+impl GemmConfig {
+    /// `raw` read against the lhs's shape: `None` when it is not JSON, has no dot
+    /// dimension numbers or names a contracting dimension the lhs does not have.
+    fn parse(raw: &[u8], lhs: &Shape) -> Option<GemmConfig> {
+        let v: serde_json::Value = serde_json::from_slice(raw).ok()?;
+        let gemm = v.get("gemm_backend_config")?;
+        let dn = gemm.get("dot_dimension_numbers")?;
+        let contracted = int_list(dn.get("lhs_contracting_dimensions"))?
+            .iter()
+            .map(|&d| {
+                let d = usize::try_from(d).ok()?;
+                lhs.dimensions.get(d).map(|&n| n as f64)
+            })
+            .product::<Option<f64>>()?;
+        let pc = gemm.get("precision_config");
+        let precision = pc
+            .and_then(|p| p.get("operand_precision")?.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .map(precision_number)
+            .collect();
+        let algorithm = pc
+            .and_then(|p| p.get("algorithm"))
+            .map(|a| a.as_str().map_or_else(|| a.to_string(), str::to_string))
+            .filter(|a| a != "ALG_UNSET" && a != "0");
+        Some(GemmConfig {
+            contracted,
+            precision,
+            algorithm,
+        })
+    }
+}
+
+/// A proto3-JSON int64 list (strings, or numbers); an absent list is empty; `None` when
+/// it is not a list of integers.
+fn int_list(v: Option<&serde_json::Value>) -> Option<Vec<i64>> {
+    let Some(v) = v else {
+        return Some(Vec::new());
+    };
+    v.as_array()?
+        .iter()
+        .map(|x| x.as_i64().or_else(|| x.as_str()?.parse().ok()))
+        .collect()
+}
+
+/// A proto3-JSON `Precision`: `HIGH` 1, `HIGHEST` 2, anything else 0 (numbers as they are).
+fn precision_number(v: &serde_json::Value) -> i32 {
+    match v.as_str() {
+        Some("HIGH") => 1,
+        Some("HIGHEST") => 2,
+        Some(_) => 0,
+        None => v.as_i64().unwrap_or(0) as i32,
+    }
+}
+
+/// HBM bytes of an instruction's operands, read whole.
+fn operand_bytes(inst: &HloInstruction, by_id: &HashMap<i64, &HloInstruction>) -> f64 {
+    inst.operand_ids
+        .iter()
+        .filter_map(|o| by_id.get(o))
+        .map(|o| hbm_bytes(&shape_of(o)))
+        .sum()
+}
+
+/// HBM bytes of a cuBLAS or cuDNN call: its operands, and its results but the scratch
+/// workspace XLA:GPU appends to a tuple result (a trailing s8/u8 array the library may use
+/// in part, not data the module moves).
+fn library_bytes(inst: &HloInstruction, by_id: &HashMap<i64, &HloInstruction>) -> f64 {
+    let shape = shape_of(inst);
+    let mut results = shape.leaves();
+    let scratch = |l: &&Shape| matches!(element_name(l.element_type), "s8" | "u8");
+    if results.len() > 1 && results.last().is_some_and(scratch) {
+        results.pop();
+    }
+    operand_bytes(inst, by_id) + results.iter().map(|l| hbm_bytes(l)).sum::<f64>()
 }
 
 impl<'a> Walker<'a> {
@@ -413,44 +646,25 @@ impl<'a> Walker<'a> {
                         .product()
                 })
                 .unwrap_or(1.0);
-            let flops = 2.0 * elements(inst) * k;
-            let prec = inst
-                .precision_config
-                .as_ref()
-                .map(|p| p.operand_precision.clone())
-                .unwrap_or_default();
-            acc.matmul_flops += flops;
-            acc.matmul_pass_flops +=
-                flops * xla_dot_passes(ls.element_type, rs.element_type, &prec);
+            let passes = dot_passes(
+                self.accelerator,
+                ls.element_type,
+                rs.element_type,
+                &precision_of(inst),
+            );
+            add_matmul(acc, 2.0 * elements(inst) * k, passes);
         } else if op == "convolution" {
-            // XLA:TPU writes matmuls as convolutions: each output element contracts the
-            // kernel's input features times its spatial window.
             let (Some(l), Some(r)) = (operand(0), operand(1)) else {
                 return;
             };
             let (ls, rs) = (shape_of(l), shape_of(r));
-            let Some(dn) = inst.convolution_dimension_numbers.as_ref() else {
-                self.note(format!(
-                    "convolution `{}` without dimension numbers is not counted",
-                    inst.name
-                ));
-                return;
-            };
-            let dim = |d: i64| rs.dimensions.get(d as usize).copied().unwrap_or(1) as f64;
-            let k = dim(dn.kernel_input_feature_dimension)
-                * dn.kernel_spatial_dimensions
-                    .iter()
-                    .map(|&d| dim(d))
-                    .product::<f64>();
-            let flops = 2.0 * elements(inst) * k;
-            let prec = inst
-                .precision_config
-                .as_ref()
-                .map(|p| p.operand_precision.clone())
-                .unwrap_or_default();
-            acc.matmul_flops += flops;
-            acc.matmul_pass_flops +=
-                flops * xla_dot_passes(ls.element_type, rs.element_type, &prec);
+            self.add_convolution(
+                inst,
+                elements(inst),
+                &rs,
+                (ls.element_type, rs.element_type),
+                acc,
+            );
         } else if TRANSCENDENTAL.contains(&op) {
             acc.transcendentals += elements(inst);
         } else if ELEMENTWISE.contains(&op) {
@@ -472,6 +686,109 @@ impl<'a> Walker<'a> {
         }
     }
 
+    /// Adds a convolution (an XLA `convolution` or a cuDNN call) whose forward output has
+    /// `output_elements` elements and whose kernel is `kernel`, its operands of `types`.
+    fn add_convolution(
+        &mut self,
+        inst: &HloInstruction,
+        output_elements: f64,
+        kernel: &Shape,
+        types: (i32, i32),
+        acc: &mut Work,
+    ) {
+        let Some(dn) = inst.convolution_dimension_numbers.as_ref() else {
+            self.note(format!(
+                "convolution `{}` without dimension numbers is not counted",
+                inst.name
+            ));
+            return;
+        };
+        let passes = dot_passes(self.accelerator, types.0, types.1, &precision_of(inst));
+        add_matmul(acc, conv_flops(output_elements, kernel, dn), passes);
+    }
+
+    /// A cuBLAS gemm or a cuDNN call: gemms and convolutions counted from their shapes,
+    /// other cuDNN calls by their bytes (named in the notes); bytes without the workspace.
+    fn library_call(
+        &mut self,
+        inst: &HloInstruction,
+        by_id: &HashMap<i64, &HloInstruction>,
+        mult: f64,
+        acc: &mut Work,
+    ) {
+        let target = inst.custom_call_target.as_str();
+        let operand = |k: usize| inst.operand_ids.get(k).and_then(|o| by_id.get(o));
+        let mut w = Work::default();
+        match (
+            operand(0).map(|o| shape_of(o)),
+            operand(1).map(|o| shape_of(o)),
+        ) {
+            (Some(l), Some(r)) if CUBLAS_GEMMS.contains(&target) => {
+                self.gemm_work(inst, &l, &r, &mut w)
+            }
+            (Some(l), Some(r)) if target.starts_with("__cudnn$conv") => {
+                self.cudnn_conv_work(inst, &l, &r, &mut w)
+            }
+            _ => self.note(format!(
+                "custom call `{target}` counted by its HBM operands and results only"
+            )),
+        }
+        w.hbm_bytes = library_bytes(inst, by_id);
+        self.contribute(inst, format!("custom-call {target}"), mult, &w);
+        acc.add_scaled(&w, mult);
+    }
+
+    /// A cuBLAS gemm's FLOPs (operands `l`, `r`): 2 × elements of its result (the first
+    /// leaf) × the lhs's contracted size, from its `backend_config`, weighed by the
+    /// config's algorithm (on GPU) or precision; without a readable config none (and a
+    /// note), never a guess.
+    fn gemm_work(&mut self, inst: &HloInstruction, l: &Shape, r: &Shape, acc: &mut Work) {
+        let Some(g) = GemmConfig::parse(&inst.backend_config, l) else {
+            self.note(format!(
+                "cuBLAS call `{}` ({}): no readable dot dimensions in its backend_config, counted by its HBM operands and results only",
+                inst.name, inst.custom_call_target
+            ));
+            return;
+        };
+        let algorithm = g
+            .algorithm
+            .as_deref()
+            .filter(|_| self.accelerator == Accelerator::Gpu);
+        let by_algorithm = algorithm.and_then(gpu_algorithm_passes);
+        if let (Some(a), None) = (algorithm, by_algorithm) {
+            self.note(format!(
+                "cuBLAS call `{}`: algorithm `{a}` unknown, weighed by its precision",
+                inst.name
+            ));
+        }
+        let passes = by_algorithm.unwrap_or_else(|| {
+            dot_passes(
+                self.accelerator,
+                l.element_type,
+                r.element_type,
+                &g.precision,
+            )
+        });
+        let flops = 2.0 * first_leaf(inst).elements() as f64 * g.contracted;
+        add_matmul(acc, flops, passes);
+    }
+
+    /// A cuDNN convolution's FLOPs (operands `l`, `r`): its dimension numbers describe the
+    /// forward convolution (XLA:GPU's `GpuConvConfig`): forward, input and kernel are the
+    /// operands and the output the result; backward-input, the result is the input and
+    /// operand 0 the output; backward-filter, the result is the kernel and operand 1 the
+    /// output.
+    fn cudnn_conv_work(&mut self, inst: &HloInstruction, l: &Shape, r: &Shape, acc: &mut Work) {
+        let result = first_leaf(inst);
+        let (output, kernel) = match inst.custom_call_target.as_str() {
+            "__cudnn$convBackwardInput" => (l, r),
+            "__cudnn$convBackwardFilter" => (r, &result),
+            _ => (&result, r),
+        };
+        let types = (l.element_type, r.element_type);
+        self.add_convolution(inst, output.elements() as f64, kernel, types, acc);
+    }
+
     /// HBM bytes of an unfused instruction: its HBM operands and results (slices read
     /// only what they return; a dynamic-update-slice writes its update in place).
     fn op_bytes(&self, inst: &HloInstruction, by_id: &HashMap<i64, &HloInstruction>) -> f64 {
@@ -491,15 +808,7 @@ impl<'a> Walker<'a> {
                 let dst_hbm = inst.shape.as_ref().is_some_and(|s| s.memory_space() == 0);
                 upd * if dst_hbm { 2.0 } else { 1.0 }
             }
-            _ => {
-                let ins: f64 = inst
-                    .operand_ids
-                    .iter()
-                    .filter_map(|o| by_id.get(o))
-                    .map(|o| hbm_bytes(&shape_of(o)))
-                    .sum();
-                ins + out
-            }
+            _ => operand_bytes(inst, by_id) + out,
         }
     }
 
@@ -671,6 +980,9 @@ impl<'a> Walker<'a> {
                         inst.name
                     )),
                 }
+            }
+            t if CUBLAS_GEMMS.contains(&t) || t.starts_with(CUDNN) => {
+                self.library_call(inst, by_id, mult, acc)
             }
             other => {
                 self.note(format!(
@@ -928,6 +1240,32 @@ mod tests {
             ..i(id, "get-tuple-element", shape, &[src])
         }
     }
+    /// A `dot` contracting lhs dimension `lc` with rhs dimension `rc` at `precision`.
+    fn dot(
+        id: i64,
+        shape: Shape,
+        operands: &[i64],
+        (lc, rc): (i64, i64),
+        precision: i32,
+    ) -> HloInstruction {
+        HloInstruction {
+            dot_dimension_numbers: Some(DotDimensionNumbers {
+                lhs_contracting_dimensions: vec![lc],
+                rhs_contracting_dimensions: vec![rc],
+                ..Default::default()
+            }),
+            precision_config: Some(PrecisionConfig {
+                operand_precision: vec![precision, precision],
+            }),
+            ..i(id, "dot", shape, operands)
+        }
+    }
+    fn param(id: i64, k: i64, shape: Shape) -> HloInstruction {
+        HloInstruction {
+            parameter_number: k,
+            ..i(id, "parameter", shape, &[])
+        }
+    }
     fn comp(id: i64, root: i64, instructions: Vec<HloInstruction>) -> HloComputation {
         HloComputation {
             id,
@@ -978,17 +1316,7 @@ mod tests {
                         &[100, 102, 103],
                     )
                 },
-                HloInstruction {
-                    dot_dimension_numbers: Some(DotDimensionNumbers {
-                        lhs_contracting_dimensions: vec![1],
-                        rhs_contracting_dimensions: vec![1],
-                        ..Default::default()
-                    }),
-                    precision_config: Some(PrecisionConfig {
-                        operand_precision: vec![0, 0],
-                    }),
-                    ..i(105, "dot", arr(primitive::F32, &[8, 512]), &[101, 104])
-                },
+                dot(105, arr(primitive::F32, &[8, 512]), &[101, 104], (1, 1), 0),
             ],
         );
         let body = comp(
@@ -1169,6 +1497,342 @@ mod tests {
             xla_dot_passes(primitive::BF16, primitive::BF16, &[2, 2]),
             1.0
         );
+    }
+
+    /// XLA's S8 and U8 `PrimitiveType`s: the workspaces of cuBLAS and cuDNN calls.
+    const S8: i32 = 2;
+    const U8: i32 = 6;
+
+    /// A cuBLAS call's `backend_config` as XLA:GPU writes it (proto3 JSON: int64 lists as
+    /// strings), contracting lhs dimension `lc` with rhs dimension `rc` over `batch`.
+    fn gemm_config(lc: i64, rc: i64, batch: &[i64], precision: &str, algorithm: &str) -> Vec<u8> {
+        let strings = |d: &[i64]| d.iter().map(i64::to_string).collect::<Vec<_>>();
+        serde_json::json!({
+            "operation_queue_id": "0",
+            "wait_on_operation_queues": [],
+            "gemm_backend_config": {
+                "alpha_real": 1, "alpha_imag": 0, "beta": 0,
+                "dot_dimension_numbers": {
+                    "lhs_contracting_dimensions": [lc.to_string()],
+                    "rhs_contracting_dimensions": [rc.to_string()],
+                    "lhs_batch_dimensions": strings(batch),
+                    "rhs_batch_dimensions": strings(batch),
+                },
+                "precision_config": {
+                    "operand_precision": [precision, precision],
+                    "algorithm": algorithm,
+                },
+                "epilogue": "DEFAULT", "lhs_stride": "33554432", "rhs_stride": "622329856",
+                "grad_x": false, "grad_y": false, "damax_output": false,
+            },
+            "force_earliest_schedule": false,
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    /// A custom call (id 3) to `target` on the entry's two parameters (ids 1, 2).
+    fn library(target: &str, result: Shape) -> HloInstruction {
+        HloInstruction {
+            custom_call_target: target.into(),
+            ..i(3, "custom-call", result, &[1, 2])
+        }
+    }
+
+    /// An entry that applies `call` (id 3) to two parameters of `operands`' shapes and
+    /// returns the first leaf of its result.
+    fn call_module(operands: [Shape; 2], call: HloInstruction) -> HloModule {
+        let out = first_leaf(&call);
+        let [l, r] = operands;
+        let entry = comp(
+            1,
+            4,
+            vec![param(1, 0, l), param(2, 1, r), call, gte(4, 3, 0, out)],
+        );
+        HloModule {
+            computations: vec![entry],
+            entry_computation_id: 1,
+            ..Default::default()
+        }
+    }
+
+    /// One cuBLAS `__cublas$gemm` of `lhs` × `rhs` of type `t` into `out` with `config`,
+    /// its result a tuple of the product and a 32 MiB s8 workspace, as XLA:GPU writes it.
+    fn gemm_module(t: i32, lhs: &[i64], rhs: &[i64], out: &[i64], config: Vec<u8>) -> HloModule {
+        let result = tuple(vec![arr(t, out), arr(S8, &[32 << 20])]);
+        call_module(
+            [arr(t, lhs), arr(t, rhs)],
+            HloInstruction {
+                backend_config: config,
+                ..library("__cublas$gemm", result)
+            },
+        )
+    }
+
+    /// The LM head at the seeds' shape: bf16 [8192, 4096] × [4096, 151936].
+    const LM_HEAD: (f64, f64, f64) = (8192.0, 4096.0, 151936.0);
+
+    fn lm_head(t: i32, config: Vec<u8>) -> HloModule {
+        gemm_module(t, &[8192, 4096], &[4096, 151936], &[8192, 151936], config)
+    }
+
+    /// [`lm_head`] with a readable config at `precision` and `algorithm`.
+    fn lm_head_at(t: i32, precision: &str, algorithm: &str) -> HloModule {
+        lm_head(t, gemm_config(1, 0, &[], precision, algorithm))
+    }
+
+    #[test]
+    fn a_cublas_gemm_counts_its_flops_from_its_shapes_and_its_bytes_without_the_workspace() {
+        let (m, k, n) = LM_HEAD;
+        let d = derive_on(
+            &lm_head_at(primitive::BF16, "DEFAULT", "ALG_UNSET"),
+            &[],
+            Accelerator::Gpu,
+        );
+        assert_eq!(d.work.matmul_flops, 2.0 * 8192.0 * 4096.0 * 151936.0);
+        assert_eq!(d.work.matmul_pass_flops, 2.0 * m * k * n, "bf16 weighs 1");
+        // Reads both operands, writes the product; the s8 workspace is scratch.
+        assert_eq!(d.work.hbm_bytes, 2.0 * (m * k + k * n + m * n));
+        assert!(d.notes.is_empty(), "{:?}", d.notes);
+        assert_eq!(
+            (d.top[0].op.as_str(), d.top[0].matmul_flops),
+            ("custom-call __cublas$gemm", 2.0 * m * k * n)
+        );
+        // cuBLASLt's targets are read the same way.
+        for target in ["__cublas$lt$matmul", "__cublas$lt$matmul$f8"] {
+            let mut lt = lm_head_at(primitive::BF16, "DEFAULT", "ALG_UNSET");
+            lt.computations[0].instructions[2].custom_call_target = target.into();
+            let d = derive_on(&lt, &[], Accelerator::Gpu);
+            assert_eq!(d.work.matmul_flops, 2.0 * m * k * n, "{target}");
+        }
+    }
+
+    #[test]
+    fn f32_cublas_gemms_weigh_tf32_or_cuda_core_time_on_gpu() {
+        let (m, k, n) = LM_HEAD;
+        let flops = 2.0 * m * k * n;
+        let weigh = |precision: &str, algorithm: &str, on: Accelerator| {
+            let d = derive_on(&lm_head_at(primitive::F32, precision, algorithm), &[], on);
+            assert_eq!(d.work.matmul_flops, flops, "{precision} {algorithm}");
+            d.work.matmul_pass_flops / flops
+        };
+        assert_eq!(weigh("HIGHEST", "ALG_UNSET", Accelerator::Gpu), 15.0);
+        assert_eq!(weigh("HIGH", "ALG_UNSET", Accelerator::Gpu), 2.0);
+        assert_eq!(weigh("DEFAULT", "ALG_UNSET", Accelerator::Gpu), 2.0);
+        // An algorithm decides over the precision on GPU.
+        assert_eq!(
+            weigh("DEFAULT", "ALG_DOT_BF16_BF16_F32_X3", Accelerator::Gpu),
+            3.0
+        );
+        assert_eq!(
+            weigh("DEFAULT", "ALG_DOT_TF32_TF32_F32_X3", Accelerator::Gpu),
+            6.0
+        );
+        assert_eq!(
+            weigh("HIGHEST", "ALG_DOT_F32_F32_F32", Accelerator::Gpu),
+            15.0
+        );
+        // The same calls on the TPU weights: bf16 passes.
+        assert_eq!(weigh("HIGHEST", "ALG_UNSET", Accelerator::Tpu), 6.0);
+        assert_eq!(weigh("DEFAULT", "ALG_UNSET", Accelerator::Tpu), 1.0);
+    }
+
+    #[test]
+    fn a_batched_cublas_gemm_counts_each_batch_and_accepts_numbers() {
+        let config = gemm_config(2, 1, &[0], "DEFAULT", "ALG_UNSET");
+        let flops_of = |config: Vec<u8>| {
+            let m = gemm_module(
+                primitive::BF16,
+                &[4, 512, 1024],
+                &[4, 1024, 256],
+                &[4, 512, 256],
+                config,
+            );
+            derive_on(&m, &[], Accelerator::Gpu).work.matmul_flops
+        };
+        let flops = 2.0 * 4.0 * 512.0 * 256.0 * 1024.0;
+        assert_eq!(flops_of(config.clone()), flops);
+        // int64 lists written as numbers read the same.
+        let numbers = String::from_utf8(config)
+            .unwrap()
+            .replace(r#"["2"]"#, "[2]")
+            .replace(r#"["0"]"#, "[0]");
+        assert!(numbers.contains("[2]") && numbers.contains(r#""lhs_batch_dimensions":[0]"#));
+        assert_eq!(flops_of(numbers.into_bytes()), flops);
+    }
+
+    #[test]
+    fn a_cublas_gemm_without_a_readable_config_counts_its_bytes_and_no_flops() {
+        let (m, k, n) = LM_HEAD;
+        let no_dims = br#"{"gemm_backend_config":{"alpha_real":1}}"#.to_vec();
+        let outside_lhs = gemm_config(7, 0, &[], "DEFAULT", "ALG_UNSET");
+        for config in [vec![], b"garbage".to_vec(), no_dims, outside_lhs] {
+            let shown = String::from_utf8_lossy(&config).to_string();
+            let d = derive_on(&lm_head(primitive::BF16, config), &[], Accelerator::Gpu);
+            assert_eq!(d.work.matmul_flops, 0.0, "{shown}");
+            assert_eq!(d.work.matmul_pass_flops, 0.0, "{shown}");
+            assert_eq!(d.work.hbm_bytes, 2.0 * (m * k + k * n + m * n), "{shown}");
+            assert!(
+                d.notes.iter().any(
+                    |n| n.contains("custom-call.3") && n.contains("no readable dot dimensions")
+                ),
+                "{shown}: {:?}",
+                d.notes
+            );
+        }
+    }
+
+    /// A forward convolution NHWC [2, 8, 8, 16] * HWIO [3, 3, 16, 32] → [2, 8, 8, 32], and
+    /// the cuDNN calls of its two gradients, which carry its dimension numbers.
+    #[test]
+    fn cudnn_convolutions_count_the_forward_convolution_they_describe() {
+        let dn = grpo_pjrt::hlo::ConvolutionDimensionNumbers {
+            kernel_input_feature_dimension: 2,
+            kernel_output_feature_dimension: 3,
+            kernel_spatial_dimensions: vec![0, 1],
+        };
+        let f32 = |d: &[i64]| arr(primitive::F32, d);
+        let (input, kernel, output) = (
+            f32(&[2, 8, 8, 16]),
+            f32(&[3, 3, 16, 32]),
+            f32(&[2, 8, 8, 32]),
+        );
+        let with_scratch = |s: &Shape| tuple(vec![s.clone(), arr(U8, &[0])]);
+        let calls = [
+            ("__cudnn$convForward", [&input, &kernel], &output),
+            ("__cudnn$convBackwardInput", [&output, &kernel], &input),
+            ("__cudnn$convBackwardFilter", [&input, &output], &kernel),
+        ];
+        let flops = 2.0 * (2.0 * 8.0 * 8.0 * 32.0) * 16.0 * 9.0;
+        for (target, [l, r], result) in calls {
+            let call = HloInstruction {
+                convolution_dimension_numbers: Some(dn.clone()),
+                ..library(target, with_scratch(result))
+            };
+            let d = derive_on(
+                &call_module([l.clone(), r.clone()], call),
+                &[],
+                Accelerator::Gpu,
+            );
+            assert_eq!(d.work.matmul_flops, flops, "{target}");
+            assert_eq!(
+                d.work.matmul_pass_flops,
+                2.0 * flops,
+                "{target}: f32 on TF32"
+            );
+            let bytes = (l.bytes() + r.bytes() + result.bytes()) as f64;
+            assert_eq!(d.work.hbm_bytes, bytes, "{target}: without the workspace");
+        }
+        // Another cuDNN call: its bytes, and a note.
+        let d = derive_on(
+            &call_module(
+                [input.clone(), kernel.clone()],
+                library("__cudnn$fmhaSoftmax", with_scratch(&output)),
+            ),
+            &[],
+            Accelerator::Gpu,
+        );
+        assert_eq!(d.work.matmul_flops, 0.0);
+        assert_eq!(
+            d.work.hbm_bytes,
+            (input.bytes() + kernel.bytes() + output.bytes()) as f64
+        );
+        assert!(
+            d.notes.iter().any(|n| n.contains("__cudnn$fmhaSoftmax")),
+            "{:?}",
+            d.notes
+        );
+    }
+
+    /// A Triton gemm: a fusion whose computation multiplies f32 [64, 128] × [128, 32] at
+    /// `precision` (0 DEFAULT, 1 HIGH, 2 HIGHEST).
+    fn triton_gemm(precision: i32) -> HloModule {
+        let (a, b, c) = (
+            arr(primitive::F32, &[64, 128]),
+            arr(primitive::F32, &[128, 32]),
+            arr(primitive::F32, &[64, 32]),
+        );
+        let fused = comp(
+            10,
+            102,
+            vec![
+                param(100, 0, a.clone()),
+                param(101, 1, b.clone()),
+                dot(102, c.clone(), &[100, 101], (1, 0), precision),
+            ],
+        );
+        let entry = comp(
+            1,
+            3,
+            vec![
+                param(1, 0, a),
+                param(2, 1, b),
+                HloInstruction {
+                    called_computation_ids: vec![10],
+                    fusion_kind: "kCustom".into(),
+                    ..i(3, "fusion", c, &[1, 2])
+                },
+            ],
+        );
+        HloModule {
+            computations: vec![fused, entry],
+            entry_computation_id: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn fused_dots_weigh_gpu_rates_on_gpu_and_bf16_passes_on_tpu() {
+        let flops = 2.0 * 64.0 * 32.0 * 128.0;
+        let weight = |precision: i32, on: Accelerator| {
+            let d = derive_on(&triton_gemm(precision), &[], on);
+            assert_eq!(d.work.matmul_flops, flops);
+            assert_eq!(
+                d.work.hbm_bytes,
+                4.0 * (64.0 * 128.0 + 128.0 * 32.0 + 64.0 * 32.0)
+            );
+            d.work.matmul_pass_flops / flops
+        };
+        assert_eq!(
+            [2, 1, 0].map(|p| weight(p, Accelerator::Gpu)),
+            [15.0, 2.0, 2.0]
+        );
+        // TPU unchanged, and `derive` is the TPU walk.
+        assert_eq!(
+            [2, 1, 0].map(|p| weight(p, Accelerator::Tpu)),
+            [6.0, 3.0, 1.0]
+        );
+        assert_eq!(
+            derive(&triton_gemm(2), &[]),
+            derive_on(&triton_gemm(2), &[], Accelerator::Tpu)
+        );
+    }
+
+    #[test]
+    fn gpu_dots_weigh_their_time_relative_to_bf16_tensor_cores() {
+        let (f, bf, f8) = (primitive::F32, primitive::BF16, FP8_TYPES[1]);
+        assert_eq!(gpu_dot_passes(bf, bf, &[2, 2]), 1.0);
+        assert_eq!(gpu_dot_passes(primitive::F16, primitive::F16, &[]), 1.0);
+        assert_eq!(gpu_dot_passes(f, f, &[2, 2]), 15.0);
+        assert_eq!(gpu_dot_passes(f, bf, &[1, 1]), 2.0);
+        assert_eq!(gpu_dot_passes(f, f, &[]), 2.0);
+        assert_eq!(gpu_dot_passes(F64, F64, &[]), 15.0);
+        assert_eq!(gpu_dot_passes(f8, FP8_TYPES[0], &[]), 0.5);
+        assert_eq!(gpu_algorithm_passes("ALG_DOT_BF16_BF16_F32"), Some(1.0));
+        assert_eq!(gpu_algorithm_passes("ALG_DOT_BF16_BF16_F32_X9"), Some(9.0));
+        assert_eq!(gpu_algorithm_passes("ALG_DOT_TF32_TF32_F32"), Some(2.0));
+        assert_eq!(
+            gpu_algorithm_passes("ALG_DOT_ANY_F8_ANY_F8_F32_FAST_ACCUM"),
+            Some(0.5)
+        );
+        assert_eq!(gpu_algorithm_passes("ALG_UNSET"), None);
+        assert_eq!(gpu_algorithm_passes("ALG_DOT_QQ_F32"), None);
+        // The TPU weights are the bf16 passes, unchanged.
+        assert_eq!(
+            dot_passes(Accelerator::Tpu, f, f, &[2, 2]),
+            xla_dot_passes(f, f, &[2, 2])
+        );
+        assert_eq!(dot_passes(Accelerator::Gpu, f, f, &[2, 2]), 15.0);
     }
 
     fn kernel(name: &str, bytes: f64, declared_bytes: f64) -> KernelCost {

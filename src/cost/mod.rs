@@ -1,14 +1,15 @@
 //! The cost of one forward+backward per device, derived by the suite rather than declared
-//! by a kernel, and what it implies for speed on each TPU generation.
+//! by a kernel, and what it implies for speed on each accelerator generation (TPU, GPU).
 //!
 //! | module | what it holds |
 //! | --- | --- |
-//! | this one | the figures: [`DerivedCost`] of a compiled module, [`KernelCost`] of a Pallas kernel (from the exporter), the declared-against-derived check |
-//! | [`hlo_walk`] | the walk over an optimized HLO module that adds them up (loop bodies times their trip counts, Mosaic kernels from the exporter's derivation) |
+//! | this one | the figures: [`DerivedCost`] of a compiled module, [`KernelCost`] of a Pallas kernel (from the exporter), the declared-against-derived check, the [`Accelerator`] a module runs on |
+//! | [`hlo_walk`] | the walk over an optimized HLO module that adds them up (loop bodies times their trip counts, Mosaic kernels from the exporter's derivation, cuBLAS and cuDNN calls from their shapes) |
 //! | [`roofline`] | published peaks per generation and the roofline time |
 //! | [`speed`] | speed budgets (roofline against jax_baseline's) and measured/roofline efficiency |
 //!
-//! How each figure is obtained and what it cannot see: docs/tpu.md ("Cost and roofline").
+//! How each figure is obtained and what it cannot see: docs/tpu.md ("Cost and roofline");
+//! what differs on GPUs: docs/gpu.md.
 
 #[cfg(feature = "pjrt")]
 pub mod hlo_walk;
@@ -24,6 +25,19 @@ pub const COST_MODEL_VERSION: u32 = 1;
 /// How far a declared `pl.CostEstimate` figure may be from the derived one.
 pub const DECLARED_TOLERANCE: f64 = 0.10;
 
+/// The family of accelerator a module is compiled for: which matmul units run its dots, so
+/// how [`Work::matmul_pass_flops`] weighs them (hlo_walk's `dot_passes`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Accelerator {
+    /// Google TPU (XLA:TPU): dots on the MXU, weighed by their bf16 passes.
+    #[default]
+    Tpu,
+    /// NVIDIA GPU (XLA:GPU, CUDA): dots on tensor cores (or CUDA cores), weighed by their
+    /// time relative to a bf16 tensor-core FLOP.
+    Gpu,
+}
+
 /// Shape and dtype of a kernel operand or result, as the exporter wrote it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TensorShape {
@@ -36,9 +50,11 @@ pub struct TensorShape {
 /// Work of one kernel invocation (or of a whole module), per device.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Work {
-    /// MXU FLOPs: 2·M·N·K per matmul.
+    /// Matmul FLOPs (MXU, tensor cores): 2·M·N·K per matmul.
     pub matmul_flops: f64,
-    /// MXU FLOPs weighted by bf16 passes (an f32 matmul at HIGHEST counts 6×).
+    /// Matmul FLOPs weighted by their time relative to a bf16 FLOP at the device's peak:
+    /// bf16 passes on TPU (an f32 matmul at HIGHEST counts 6×), tensor-core rates on GPU
+    /// (an f32 matmul at HIGHEST, on CUDA cores, counts 15×).
     pub matmul_pass_flops: f64,
     /// Other FLOPs (elementwise, reductions), XLA's conventions.
     pub other_flops: f64,

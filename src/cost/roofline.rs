@@ -1,22 +1,26 @@
-//! Roofline time per TPU generation: max(MXU time, HBM time) of a [`DerivedCost`], from the
-//! published per-chip peaks in [`GENERATIONS`] (the one table of them in the code; their
-//! sources are in docs/tpu.md), plus the fixed cost of the Pallas kernels' grid steps
-//! ([`STEP_OVERHEAD_S`], fitted on the seeds' measured v6e times: a roofline alone ranks
-//! their 8-row-block logits kernel faster than the baseline it was 6× slower than).
+//! Roofline time per accelerator generation (TPU, GPU): max(matmul time, HBM time) of a
+//! [`DerivedCost`], from the published per-chip peaks in [`GENERATIONS`] (the one table of
+//! them in the code; their sources are in docs/tpu.md and docs/gpu.md), plus the fixed
+//! cost of the Pallas kernels' grid steps ([`STEP_OVERHEAD_S`], fitted on the seeds'
+//! measured v6e times: a roofline alone ranks their 8-row-block logits kernel faster than
+//! the baseline it was 6× slower than).
 
-use super::DerivedCost;
+use super::{Accelerator, DerivedCost};
 use serde::{Deserialize, Serialize};
 
-/// Published peaks of one TPU generation.
+/// Published peaks of one accelerator generation (a TPU generation, a GPU model).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Generation {
-    /// Name as in topology strings: `v5e`, `v6e`, `tpu7x`.
+    /// Name: as in TPU topology strings (`v5e`, `v6e`, `tpu7x`); a GPU's model (`h100`).
     pub name: &'static str,
+    /// The family: which matmul units, so how the derived cost weighs dots (derive the
+    /// cost with `hlo_walk::derive_on(module, kernels, generation.accelerator)`).
+    pub accelerator: Accelerator,
     /// Peak dense bf16 matmul FLOP/s per chip.
     pub chip_bf16_flops: f64,
     /// HBM bandwidth per chip, bytes/s.
     pub chip_hbm_bytes_per_s: f64,
-    /// Devices (PJRT devices, TensorCores) per chip: a module runs on one device.
+    /// Devices (PJRT devices: TensorCores, GPUs) per chip: a module runs on one device.
     pub devices_per_chip: u32,
     /// Where the figures are published.
     pub source: &'static str,
@@ -42,10 +46,12 @@ impl Generation {
 /// Applied to every generation (measured on v6e only; docs/tpu.md).
 pub const STEP_OVERHEAD_S: f64 = 0.43e-6;
 
-/// The generations the suite compiles for, with their published peaks.
-pub const GENERATIONS: [Generation; 3] = [
+/// The generations the suite compiles for, with their published peaks: TPUs, then the
+/// NVIDIA SXM parts (the PCIe and NVL variants have other peaks and are not here).
+pub const GENERATIONS: [Generation; 6] = [
     Generation {
         name: "v5e",
+        accelerator: Accelerator::Tpu,
         chip_bf16_flops: 197e12,
         chip_hbm_bytes_per_s: 819e9,
         devices_per_chip: 1,
@@ -53,6 +59,7 @@ pub const GENERATIONS: [Generation; 3] = [
     },
     Generation {
         name: "v6e",
+        accelerator: Accelerator::Tpu,
         chip_bf16_flops: 918e12,
         chip_hbm_bytes_per_s: 1638e9,
         devices_per_chip: 1,
@@ -60,15 +67,40 @@ pub const GENERATIONS: [Generation; 3] = [
     },
     Generation {
         name: "tpu7x",
+        accelerator: Accelerator::Tpu,
         chip_bf16_flops: 2307e12,
         chip_hbm_bytes_per_s: 7.40e12,
         devices_per_chip: 2,
         source: "cloud.google.com/tpu/docs/tpu7x: 2307 TFLOPs bf16 per chip, two TensorCores (one JAX device each); HBM 7.40e12 B/s per chip from jax 0.10.2 pallas/mosaic/tpu_info.py",
     },
+    Generation {
+        name: "h100",
+        accelerator: Accelerator::Gpu,
+        chip_bf16_flops: 989.4e12,
+        chip_hbm_bytes_per_s: 3.35e12,
+        devices_per_chip: 1,
+        source: "nvidia.com/en-us/data-center/h100/ datasheet: H100 SXM BF16 Tensor Core 1979 TFLOPS with sparsity (989.4 dense), GPU memory bandwidth 3.35 TB/s (80 GB HBM3)",
+    },
+    Generation {
+        name: "h200",
+        accelerator: Accelerator::Gpu,
+        chip_bf16_flops: 989.4e12,
+        chip_hbm_bytes_per_s: 4.8e12,
+        devices_per_chip: 1,
+        source: "nvidia.com/en-us/data-center/h200/ datasheet: H200 SXM BF16 Tensor Core 1979 TFLOPS with sparsity (989.4 dense), GPU memory bandwidth 4.8 TB/s (141 GB HBM3e)",
+    },
+    Generation {
+        name: "a100",
+        accelerator: Accelerator::Gpu,
+        chip_bf16_flops: 312e12,
+        chip_hbm_bytes_per_s: 2.039e12,
+        devices_per_chip: 1,
+        source: "nvidia.com/en-us/data-center/a100/ datasheet: A100 80GB SXM BF16 Tensor Core 312 TFLOPS (624 with sparsity), GPU memory bandwidth 2039 GB/s (80 GB HBM2e)",
+    },
 ];
 
-/// The generation of a topology name (`v6e:2x2` → v6e, `tpu7x:2x2x1` → tpu7x, also
-/// `v5litepod`), if the table has it.
+/// The TPU generation of a topology name (`v6e:2x2` → v6e, `tpu7x:2x2x1` → tpu7x, also
+/// `v5litepod`), if the table has it; never a GPU.
 pub fn generation_of_topology(topology: &str) -> Option<&'static Generation> {
     let head = topology
         .split(':')
@@ -82,22 +114,58 @@ pub fn generation_of_topology(topology: &str) -> Option<&'static Generation> {
         "tpu7x" | "v7x" | "tpu7" => "tpu7x",
         other => other,
     };
+    GENERATIONS
+        .iter()
+        .find(|g| g.accelerator == Accelerator::Tpu && g.name == name)
+}
+
+/// The generation of a PJRT device kind: a TPU's (`TPU v5 lite`, `TPU v6 lite`, `TPU7x`)
+/// or an NVIDIA GPU's SXM part (`NVIDIA H100 80GB HBM3`; the PCIe and NVL cards: none).
+pub fn generation_of_device_kind(kind: &str) -> Option<&'static Generation> {
+    let name = if kind.trim().to_ascii_lowercase().starts_with("nvidia") {
+        nvidia_generation(kind)?
+    } else {
+        tpu_generation(kind)?
+    };
     GENERATIONS.iter().find(|g| g.name == name)
 }
 
-/// The generation of a PJRT device kind (`TPU v5 lite`, `TPU v6 lite`, `TPU7x`).
-pub fn generation_of_device_kind(kind: &str) -> Option<&'static Generation> {
+/// The TPU generation a PJRT TPU device kind names.
+fn tpu_generation(kind: &str) -> Option<&'static str> {
     let k = kind.to_ascii_lowercase().replace(' ', "");
-    let name = if k.contains("v5lite") || k.contains("v5e") {
-        "v5e"
+    if k.contains("v5lite") || k.contains("v5e") {
+        Some("v5e")
     } else if k.contains("v6lite") || k.contains("v6e") {
-        "v6e"
+        Some("v6e")
     } else if k.contains("7x") || k.contains("tpu7") {
-        "tpu7x"
+        Some("tpu7x")
     } else {
+        None
+    }
+}
+
+/// The generation a PJRT CUDA device kind (the CUDA device name) names, only where the
+/// table has that part's peaks: `NVIDIA H100 80GB HBM3` and `NVIDIA H100 SXM…` (H100
+/// SXM5), `NVIDIA H200…` (H200 SXM), `NVIDIA A100-SXM4-80GB`. `None`, never a guess, for
+/// the parts with other peaks: PCIe and NVL cards (`NVIDIA H100 PCIe`, `NVIDIA H100 NVL`,
+/// `NVIDIA H200 NVL`, `NVIDIA A100-PCIE-40GB`), the A100 40GB (1.555 TB/s), GH200.
+fn nvidia_generation(kind: &str) -> Option<&'static str> {
+    let k = kind.to_ascii_lowercase().replace(['-', '_'], " ");
+    let words: Vec<&str> = k.split_whitespace().collect();
+    let (Some(&"nvidia"), Some(&model)) = (words.first(), words.get(1)) else {
         return None;
     };
-    GENERATIONS.iter().find(|g| g.name == name)
+    let rest = &words[2..];
+    if rest.iter().any(|w| *w == "pcie" || *w == "nvl") {
+        return None;
+    }
+    let sxm = rest.iter().any(|w| w.starts_with("sxm"));
+    match model {
+        "h100" if sxm || rest == ["80gb", "hbm3"] => Some("h100"),
+        "h200" => Some("h200"),
+        "a100" if rest == ["sxm4", "80gb"] => Some("a100"),
+        _ => None,
+    }
 }
 
 /// Which resource bounds the roofline time.
@@ -173,7 +241,7 @@ impl Roofline {
     /// One line: the time, the bound, and each term with its inputs.
     pub fn describe(&self, cost: &DerivedCost) -> String {
         format!(
-            "{} {} ({}-bound: {:.4e} MXU FLOP (bf16-pass weighted) at {:.0} TFLOP/s = {}, {:.4e} HBM B at {:.0} GB/s = {}; + {} grid steps × {} = {})",
+            "{} {} ({}-bound: {:.4e} MXU FLOP (bf16-pass weighted) at {:.0} TFLOP/s = {}, {:.4e} HBM B at {:.0} GB/s = {}; + {} grid steps × {:.2}µs = {})",
             self.generation,
             human_time(self.time_s),
             match self.bound {
@@ -187,7 +255,7 @@ impl Roofline {
             self.hbm_bytes_per_s / 1e9,
             human_time(self.hbm_s),
             cost.grid_steps,
-            format!("{:.2}µs", STEP_OVERHEAD_S * 1e6),
+            STEP_OVERHEAD_S * 1e6,
             human_time(self.steps_s)
         )
     }
@@ -214,6 +282,43 @@ mod tests {
         );
         assert_eq!(generation_of_device_kind("TPU7x").unwrap().name, "tpu7x");
         assert!(generation_of_device_kind("cpu").is_none());
+        // GPU names are no TPU topology.
+        for gpu in ["h100", "h200:1", "a100", "H100"] {
+            assert!(generation_of_topology(gpu).is_none(), "{gpu}");
+        }
+    }
+
+    /// PJRT CUDA device kinds name a GPU row only for the parts whose peaks it holds; the
+    /// PCIe and NVL cards, the A100 40GB and the GH200 have other peaks: no row, no guess.
+    #[test]
+    fn cuda_device_kinds_name_their_sxm_part_and_nothing_else() {
+        let named = [
+            ("NVIDIA H100 80GB HBM3", "h100"),
+            ("NVIDIA H100 SXM5 80GB", "h100"),
+            ("NVIDIA H200", "h200"),
+            ("NVIDIA H200 SXM 141GB", "h200"),
+            ("NVIDIA A100-SXM4-80GB", "a100"),
+        ];
+        for (kind, name) in named {
+            let g = generation_of_device_kind(kind).unwrap_or_else(|| panic!("{kind}"));
+            assert_eq!((g.name, g.accelerator), (name, Accelerator::Gpu), "{kind}");
+        }
+        for kind in [
+            "NVIDIA H100 PCIe",
+            "NVIDIA H100 NVL",
+            "NVIDIA H200 NVL",
+            "NVIDIA A100-PCIE-40GB",
+            "NVIDIA A100 80GB PCIe",
+            "NVIDIA A100-SXM4-40GB",
+            "NVIDIA GH200 480GB",
+            "NVIDIA GeForce RTX 4090",
+            "H100",
+        ] {
+            assert!(generation_of_device_kind(kind).is_none(), "{kind}");
+        }
+        // TPU kinds still name TPU rows.
+        let v6e = generation_of_device_kind("TPU v6 lite").unwrap();
+        assert_eq!(v6e.accelerator, Accelerator::Tpu);
     }
 
     #[test]
@@ -263,13 +368,16 @@ mod tests {
         assert!(r.describe(&cost).contains("tpu7x"));
     }
 
-    /// Every row of the table is the documented one (docs/tpu.md, "Roofline": published
-    /// peaks with their source), and its per-device rates and roofline follow from it on
-    /// every generation, not only the v6e the ci tier compiles for: a wrong v5e or tpu7x
-    /// row would change every nightly and `sweep` verdict there unseen.
+    /// Every row of the table is the documented one (the "Roofline" tables of docs/tpu.md
+    /// and docs/gpu.md: published peaks with their source, each row in one of them), and
+    /// its per-device rates and roofline follow from it on every generation, not only the
+    /// v6e the ci tier compiles for: a wrong v5e or tpu7x row would change every nightly
+    /// and `sweep` verdict there unseen.
     #[test]
     fn every_generation_row_is_the_documented_one() {
-        let doc = std::fs::read_to_string(crate::repo_root().join("docs/tpu.md")).unwrap();
+        let doc = ["docs/tpu.md", "docs/gpu.md"]
+            .map(|d| std::fs::read_to_string(crate::repo_root().join(d)).unwrap())
+            .join("\n");
         let number = |cell: &str| -> f64 {
             let mut it = cell.split_whitespace();
             let v: f64 = it.next().unwrap().parse().unwrap();
@@ -280,11 +388,8 @@ mod tests {
                 _ => 1.0,
             }
         };
-        let mut seen = 0;
-        for line in doc
-            .lines()
-            .filter(|l| l.starts_with("| v") || l.starts_with("| tpu"))
-        {
+        let mut seen = Vec::new();
+        for line in doc.lines().filter(|l| l.starts_with("| ")) {
             let cells: Vec<&str> = line.split('|').map(str::trim).collect();
             let Some(g) = GENERATIONS.iter().find(|g| g.name == cells[1]) else {
                 continue;
@@ -328,12 +433,11 @@ mod tests {
                 g.name
             );
             assert_eq!(r.bound, Bound::Mxu);
-            seen += 1;
+            seen.push(g.name);
         }
-        assert_eq!(
-            seen,
-            GENERATIONS.len(),
-            "every generation has a documented row"
-        );
+        seen.sort_unstable();
+        let mut all: Vec<&str> = GENERATIONS.iter().map(|g| g.name).collect();
+        all.sort_unstable();
+        assert_eq!(seen, all, "every generation has one documented row");
     }
 }

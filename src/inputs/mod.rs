@@ -155,25 +155,40 @@ impl Inputs {
     /// Generates every input of `case`. Uses the oracle's forward pass to place old_logp
     /// and ref_logp relative to the true logp (so ratios sit where the profile wants them).
     pub fn generate(case: &Case) -> Inputs {
-        Self::build(case, NormalPath::Fast).0
+        Self::build(case, NormalPath::Fast, true).0
+    }
+
+    /// The case's inputs for timing only (`grpo-suite bench`): the same tensors, except
+    /// that at the fused level old_logp and ref_logp are placed around the uniform
+    /// distribution's logp, −ln V, instead of each token's true logp: that would take the
+    /// oracle's forward pass, a product of hours at the seeds' fused shape on a small CPU.
+    /// Never for judging: the ratios then sit anywhere, not where the profile wants them.
+    pub fn generate_for_timing(case: &Case) -> Inputs {
+        Self::build(case, NormalPath::Fast, false).0
     }
 
     /// [`Inputs::generate`], and the forward statistics of the inputs it computed on the
     /// way: equal to `oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK)`, so
     /// `Oracle::with_stats` can use them instead of a second forward pass.
     pub fn generate_with_stats(case: &Case) -> (Inputs, oracle::TokenStats) {
-        let (inputs, stats, _) = Self::build(case, NormalPath::Fast);
-        (inputs, stats)
+        let (inputs, stats, _) = Self::build(case, NormalPath::Fast, true);
+        (inputs, stats.expect("placed by the oracle's forward pass"))
     }
 
     /// [`Inputs::generate`] with the normal deviates of the differentiable input computed
     /// by `path` (the same bits either way), and what it took.
     pub fn generate_with(case: &Case, path: NormalPath) -> (Inputs, GenerationCounts) {
-        let (inputs, _, counts) = Self::build(case, path);
+        let (inputs, _, counts) = Self::build(case, path, true);
         (inputs, counts)
     }
 
-    fn build(case: &Case, path: NormalPath) -> (Inputs, oracle::TokenStats, GenerationCounts) {
+    /// The inputs; `by_oracle`: old_logp and ref_logp placed relative to each token's true
+    /// logp (the forward statistics come back), else around −ln V (timing only).
+    fn build(
+        case: &Case,
+        path: NormalPath,
+        by_oracle: bool,
+    ) -> (Inputs, Option<oracle::TokenStats>, GenerationCounts) {
         let s = case.shape;
         let rows = s.rows();
         let id = case.data_id();
@@ -249,12 +264,18 @@ impl Inputs {
             advantages,
             mask,
         };
-        let stats = stats.unwrap_or_else(|| oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK));
+        let stats = match stats {
+            Some(st) => Some(st),
+            None if by_oracle => Some(oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK)),
+            None => None,
+        };
+        let uniform = vec![-(s.v as f64).ln(); rows];
+        let true_logp = stats.as_ref().map_or(&uniform, |st| &st.logp);
         let so = Stream::new(id, "old_logp");
         let sr = Stream::new(id, "ref_logp");
         let k = &case.knobs;
         for i in 0..rows {
-            let logp = stats.logp[i];
+            let logp = true_logp[i];
             // The sequence index decides the target at sequence level, so that every
             // token of a sequence shares it and the masked mean lands on it exactly.
             let j = match k.importance_sampling_level {
@@ -455,6 +476,23 @@ mod tests {
     /// hostile bump) for every profile, in each dtype, at a temperature other than 1, and
     /// at the fused level (the forward pass after generation).
     #[test]
+    fn timing_inputs_differ_from_the_cases_only_in_old_and_ref_logp_at_the_fused_level() {
+        let fused = parse_fixed("level: fused, b: 2, t: 8, h: 32, v: 2049, dtype: bf16").unwrap();
+        let (x, y) = (Inputs::generate(&fused), Inputs::generate_for_timing(&fused));
+        assert_eq!(
+            (&x.hidden, &x.lm_head, &x.chosen_ids, &x.mask, &x.advantages),
+            (&y.hidden, &y.lm_head, &y.chosen_ids, &y.mask, &y.advantages)
+        );
+        assert_ne!(x.old_logp, y.old_logp, "not placed by the oracle's forward");
+        let uniform = -(2049f64).ln();
+        assert!(y.ref_logp.iter().all(|&r| (r as f64 - uniform).abs() < 1.0));
+        // The logits level has its statistics with its rows: the same inputs.
+        let logits = parse_fixed("b: 2, t: 8, v: 2049").unwrap();
+        let (a, b) = (Inputs::generate(&logits), Inputs::generate_for_timing(&logits));
+        assert_eq!((a.logits, a.old_logp, a.ref_logp), (b.logits, b.old_logp, b.ref_logp));
+    }
+
+    #[test]
     fn generation_stats_are_the_oracle_forward() {
         let cases = [
             "b: 2, t: 16, v: 3000, mask: random_hostile, profile: spike",
@@ -467,7 +505,8 @@ mod tests {
         for fixed in cases {
             let c = parse_fixed(fixed).unwrap();
             let (x, st) = Inputs::generate_with_stats(&c);
-            let (_, exact, _) = Inputs::build(&c, NormalPath::Exact);
+            let (_, exact, _) = Inputs::build(&c, NormalPath::Exact, true);
+            let exact = exact.unwrap();
             let want = oracle::forward(&c, &x, oracle::DEFAULT_CHUNK);
             for got in [&st, &exact] {
                 for (a, b) in [

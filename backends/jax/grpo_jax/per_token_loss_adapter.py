@@ -11,7 +11,7 @@ The adapter calls such a kernel as it is:
   ``chosen_ids``, ``old_logp``, ``ref_logp``, ``mask``, ``advantages`` ([B], per sequence)
   or ``advantages_per_token`` ([B, T], the same values broadcast); knobs ``epsilon_low``,
   ``epsilon_high``, ``temperature``, ``beta``, ``delta``, ``importance_sampling_level``,
-  ``logits_dtype``; and ``interpret`` (True unless the case's platform is "tpu", unless
+  ``logits_dtype``; and ``interpret`` (True only on the "cpu" platform, unless
   the entry's options or ``config_factory`` set it).
 - **Its own config.** ``config_factory(knobs, options, platform) -> dict`` returns more
   keyword arguments (e.g. ``{"cfg": KernelConfig(epsilon_low=knobs.epsilon_low, ...)}``);
@@ -173,7 +173,7 @@ def from_per_token_loss_fn(
         """``call(*head, ids, old_logp, ref_logp, advantages, mask)`` -> the kernel's
         per-token arrays in f32 (shapes from ``ids``: it also runs on a batch shard)."""
         extra = dict(config_factory(k, options, platform)) if config_factory else dict(options)
-        interpret = platform != "tpu"
+        interpret = platform == "cpu"  # a GPU never runs Pallas TPU kernels interpreted
 
         def call(*arrays):
             head = arrays[:nhead]

@@ -149,6 +149,26 @@ def test_tpu_export_on_cpu_machine(tmp_path):
     assert _main_arg_count(exported) == 5  # no platform-index argument, ref_logp dropped
 
 
+def test_cuda_export_on_cpu_machine_and_no_mosaic_kernel_for_a_gpu(tmp_path):
+    """pjrt-gpu's modules are exported for ``cuda`` here (no GPU needed); a Pallas TPU
+    kernel is unsupported there with its reason, never run in interpret mode."""
+    for impl, level, h in (("jax_baseline", "fused", 32), ("xla_chunked", "fused", 32)):
+        result = export.handle_request(request(impl=impl, platform="cuda", level=level, h=h),
+                                       tmp_path)
+        assert result["status"] == "ok", result.get("detail")
+        assert result["manifest"]["platform"] == "cuda"
+    for impl, level, h in (("pallas_fused", "fused", 32), ("pallas_logits", "logits", None),
+                           ("pallas_logits_2pass", "logits", None)):
+        result = export.handle_request(request(impl=impl, platform="cuda", level=level, h=h),
+                                       tmp_path)
+        assert result["status"] == "unsupported", result
+        assert "Mosaic TPU kernel (no GPU lowering)" in result["reason"], result["reason"]
+    # Elsewhere the reason stays the plain platform one.
+    caps = Capabilities(platforms=frozenset({"cpu"}), mosaic_tpu=True)
+    assert caps.reason(problem_of(normalize_request(request(platform="tpu"))), Knobs()) \
+        == "not supported: platform 'tpu'"
+
+
 def test_batch_with_unsupported_and_errors(tmp_path, monkeypatch):
     limited = Implementation(
         id="limited", description="test-only: logits level, f32, no beta",

@@ -35,17 +35,25 @@ pub struct TpuAotConfig {
     pub implementations: Vec<ImplEntry>,
 }
 
-/// `pjrt-tpu` settings: execution on TPU chips (a TPU VM) through a libtpu client.
+/// Settings of an execution backend on a device plugin: `pjrt-tpu` (TPU chips through a
+/// libtpu client) and `pjrt-gpu` (an NVIDIA GPU through the CUDA PJRT plugin).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct PjrtTpuConfig {
-    /// libtpu path (default: the venv's `libtpu/libtpu.so`; `GRPO_LIBTPU` overrides).
+pub struct PjrtDeviceConfig {
+    /// Plugin path (pjrt-tpu: default the venv's `libtpu/libtpu.so`, `GRPO_LIBTPU`
+    /// overrides; pjrt-gpu: default the venv's `jax_plugins/xla_cuda13`, `GRPO_PJRT_PLUGIN`
+    /// overrides).
     #[serde(default)]
     pub plugin: Option<PathBuf>,
     /// Implementations to run, with their `max_peak_over_floor` budgets.
     #[serde(deserialize_with = "crate::config::impl_list")]
     pub implementations: Vec<ImplEntry>,
 }
+
+/// `pjrt-tpu` settings.
+pub type PjrtTpuConfig = PjrtDeviceConfig;
+/// `pjrt-gpu` settings.
+pub type PjrtGpuConfig = PjrtDeviceConfig;
 
 impl PjrtCpuConfig {
     /// Checks the settings.
@@ -94,10 +102,10 @@ impl TpuAotConfig {
     }
 }
 
-impl PjrtTpuConfig {
-    /// Checks the settings.
-    pub fn validate(&self, origin: &str) -> Result<()> {
-        check_implementations(origin, "pjrt-tpu", &self.implementations)
+impl PjrtDeviceConfig {
+    /// Checks the settings of backend `name`.
+    pub fn validate(&self, origin: &str, name: &str) -> Result<()> {
+        check_implementations(origin, name, &self.implementations)
     }
 }
 

@@ -3,24 +3,26 @@
 //!
 //! | backend | plugin | what differs |
 //! | --- | --- | --- |
-//! | `pjrt-cpu` ([`cpu`]) | XLA CPU (`xla_cpu_pjrt`) | executes, interpret-mode Pallas; its memory figures are host memory |
+//! | `pjrt-cpu` ([`exec`], [`profile::Profile::Cpu`]) | XLA CPU (`xla_cpu_pjrt`) | executes, interpret-mode Pallas; its memory figures are host memory |
+//! | `pjrt-gpu` ([`exec`], [`profile::Profile::Gpu`]) | the CUDA PJRT plugin | executes on an NVIDIA GPU: device memory, derived cost and roofline; no Pallas TPU kernels |
+//! | `pjrt-tpu` ([`exec`], [`profile::Profile::Tpu`], `--features tpu`) | libtpu client | executes on TPU chips, Mosaic kernels |
 //! | `tpu-aot-<topology>` ([`tpu_aot`]) | libtpu, no client | compiles the TPU export deviceless: peak HBM, cost analysis, budgets; no outputs |
-//! | `pjrt-tpu` ([`tpu`], `--features tpu`) | libtpu client | executes on TPU chips, Mosaic kernels |
 //!
-//! Shared: the exporter ([`export`]), the worker thread that owns a client ([`worker`]),
-//! plugin discovery. The settings structs live here so a configuration parses (and is
-//! checked) even in a build without the `pjrt` feature.
+//! Shared: the execution backend ([`exec`]) with one [`profile`] per platform, the
+//! exporter ([`export`]), the worker thread that owns a client (`worker`), plugin
+//! discovery. The settings structs live here so a configuration parses (and is checked)
+//! even in a build without the `pjrt` feature.
 
 mod config;
 
-pub use config::{PjrtCpuConfig, PjrtTpuConfig, TpuAotConfig};
+pub use config::{PjrtCpuConfig, PjrtDeviceConfig, PjrtGpuConfig, PjrtTpuConfig, TpuAotConfig};
 
 #[cfg(feature = "pjrt")]
-pub mod cpu;
+pub mod exec;
 #[cfg(feature = "pjrt")]
 pub mod export;
 #[cfg(feature = "pjrt")]
-pub mod tpu;
+pub mod profile;
 #[cfg(feature = "pjrt")]
 pub mod tpu_aot;
 #[cfg(feature = "pjrt")]
@@ -67,10 +69,15 @@ pub(crate) fn available(
             reason: format!("{e:#}"),
         }),
     };
+    use profile::Profile;
+    let arc = |r: anyhow::Result<exec::PjrtExec>| r.map(|x| Arc::new(x) as Arc<dyn Backend>);
     if let Some(c) = &b.pjrt_cpu {
+        push("pjrt-cpu".into(), arc(exec::PjrtExec::cpu(c)));
+    }
+    if let Some(c) = &b.pjrt_gpu {
         push(
-            "pjrt-cpu".into(),
-            cpu::PjrtCpu::new(c).map(|x| Arc::new(x) as Arc<dyn Backend>),
+            "pjrt-gpu".into(),
+            arc(exec::PjrtExec::open(Profile::Gpu, c.plugin.as_ref(), None, &c.implementations)),
         );
     }
     if let Some(c) = &b.tpu_aot {
@@ -82,7 +89,10 @@ pub(crate) fn available(
         }
     }
     if let Some(c) = &b.pjrt_tpu {
-        push("pjrt-tpu".into(), tpu::PjrtTpu::open(c));
+        push(
+            "pjrt-tpu".into(),
+            arc(exec::PjrtExec::open(Profile::Tpu, c.plugin.as_ref(), None, &c.implementations)),
+        );
     }
 }
 

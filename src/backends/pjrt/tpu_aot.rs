@@ -57,7 +57,7 @@ pub fn prepare_environment() {
     if std::env::var_os(SKIP_METADATA.0).is_none() {
         std::env::set_var(SKIP_METADATA.0, SKIP_METADATA.1);
     }
-    if super::tpu::no_chips_reason().is_some() {
+    if super::profile::no_chips_reason().is_some() {
         for (k, v) in std::iter::once(ALLOW_MULTIPLE_LOADS).chain(DEVICELESS_HOST) {
             if std::env::var_os(k).is_none() {
                 std::env::set_var(k, v);
@@ -237,7 +237,7 @@ impl TpuAot {
             .map_err(|e| anyhow!("TPU compile for {} failed: {e}", self.topology))?;
         let compile_s = t0.elapsed().as_secs_f64();
         let with_vmem = memory_of(&exe, "").and_then(|m| m.peak_bytes);
-        let derived = derive_cost(&exe, manifest);
+        let derived = derive_cost(&exe, manifest, crate::cost::Accelerator::Tpu);
         let mut hbm_only = options.clone();
         hbm_only.option_overrides.push((
             HBM_ONLY_OPTION.into(),
@@ -338,7 +338,7 @@ impl TpuAot {
         let exe = topo
             .compile(&Program::mlir_bytecode(code), &options)
             .map_err(|e| format!("TPU compile for {} failed: {e}", self.topology))?;
-        derive_cost(&exe, manifest)
+        derive_cost(&exe, manifest, crate::cost::Accelerator::Tpu)
     }
 
     /// The generation of this backend's topology, if the roofline table has it.
@@ -416,6 +416,7 @@ impl TpuAot {
 pub fn derive_cost(
     exe: &grpo_pjrt::Executable,
     manifest: &Manifest,
+    rates: crate::cost::Accelerator,
 ) -> Result<DerivedCost, String> {
     if let Some(e) = &manifest.kernel_cost_error {
         return Err(format!(
@@ -424,12 +425,12 @@ pub fn derive_cost(
     }
     let (format, bytes) = exe
         .optimized_program()
-        .map_err(|e| format!("libtpu gave no optimized program: {e}"))?
-        .ok_or("libtpu gave no optimized program")?;
+        .map_err(|e| format!("the plugin gave no optimized program: {e}"))?
+        .ok_or("the plugin gave no optimized program")?;
     let module = grpo_pjrt::hlo::decode(&format, &bytes)
         .ok_or_else(|| format!("the optimized program is in format `{format}`, not HLO"))?
         .map_err(|e| format!("unreadable optimized HLO: {e}"))?;
-    Ok(crate::cost::hlo_walk::derive(&module, &manifest.kernels))
+    Ok(crate::cost::hlo_walk::derive_on(&module, &manifest.kernels, rates))
 }
 
 impl Backend for TpuAot {

@@ -4,6 +4,7 @@
 use super::export::Manifest;
 use crate::backends::{Memory, Timing};
 use anyhow::{anyhow, bail, Context, Result};
+use super::profile::{Profile, CLIENT_TIMEOUT};
 use grpo_pjrt::{
     Client, ClientOptions, CompileOptions, DeviceAssignment, ElementType, LoadedExecutable, Plugin,
     Program,
@@ -48,9 +49,43 @@ struct Job {
     reply: Sender<Result<JobResult>>,
 }
 
-/// Handle to the worker thread.
+/// Handle to the worker thread. Dropping it ends the thread and waits for it, so the
+/// client and its executables are destroyed before the process exits (a CUDA plugin
+/// otherwise logs "Failed to unload module ... leaking" for each at exit).
 pub struct Worker {
-    tx: Sender<Job>,
+    tx: Option<Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.tx.take(); // the thread's job loop ends
+        if let Some(t) = self.thread.take() {
+            t.join().ok();
+        }
+    }
+}
+
+/// The client, if its platform is one `profile` accepts.
+fn check_platform(client: Client, profile: Profile, plugin: &std::path::Path) -> Result<Client> {
+    let name = client
+        .platform_name()
+        .map_err(|e| anyhow!("PJRT plugin {}: no platform name: {e}", plugin.display()))?;
+    if profile
+        .client_platforms()
+        .iter()
+        .any(|p| name.eq_ignore_ascii_case(p))
+    {
+        Ok(client)
+    } else {
+        bail!(
+            "PJRT plugin {} is a `{name}` plugin; backend `{}` needs a {} plugin (check {} and the config's `plugin`)",
+            plugin.display(),
+            profile.backend(),
+            profile.platform(),
+            profile.plugin_env()
+        )
+    }
 }
 
 fn element_type(name: &str) -> Result<ElementType> {
@@ -88,42 +123,22 @@ fn widen(dtype: &str, bytes: &[u8]) -> Result<Vec<f32>> {
 }
 
 impl Worker {
-    /// Starts the worker: loads the plugin and creates the client on its own thread.
-    /// Fails (with the plugin's message) if either does.
-    pub fn start(plugin: PathBuf, cpu_device_count: Option<i64>) -> Result<Worker> {
-        Worker::start_labelled(
-            plugin,
-            cpu_device_count,
-            "XLA:CPU (host memory: peak = arguments + outputs)",
-            None,
-        )
-    }
-
-    /// Starts a worker whose memory figures carry `label`; `timeout` bounds client
-    /// creation (libtpu without chips must fail fast, not hang).
-    pub fn start_labelled(
-        plugin: PathBuf,
-        cpu_device_count: Option<i64>,
-        label: &str,
-        timeout: Option<std::time::Duration>,
-    ) -> Result<Worker> {
-        let label = label.to_string();
+    /// Starts the worker: loads the plugin and creates the client of `profile` on its own
+    /// thread. Fails (with the plugin's message) if either does, if client creation
+    /// outlasts [`CLIENT_TIMEOUT`] (device plugins), or if the plugin is for another
+    /// platform than the profile's.
+    pub fn start(plugin: PathBuf, profile: Profile, options: ClientOptions) -> Result<Worker> {
+        let label = profile.memory_label(&plugin);
+        let timeout = profile.eager().then_some(CLIENT_TIMEOUT);
         let (tx, rx) = channel::<Job>();
         let (ready_tx, ready_rx) = channel::<Result<()>>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("pjrt-worker".into())
             .spawn(move || {
                 let client = Plugin::load(&plugin)
-                    .and_then(|p| {
-                        Client::new(
-                            &p,
-                            &ClientOptions {
-                                cpu_device_count,
-                                ..Default::default()
-                            },
-                        )
-                    })
-                    .map_err(|e| anyhow!("PJRT plugin {}: {e}", plugin.display()));
+                    .and_then(|p| Client::new(&p, &options))
+                    .map_err(|e| anyhow!("PJRT plugin {}: {e}", plugin.display()))
+                    .and_then(|c| check_platform(c, profile, &plugin));
                 let client = match client {
                     Ok(c) => {
                         ready_tx.send(Ok(())).ok();
@@ -134,11 +149,15 @@ impl Worker {
                         return;
                     }
                 };
+                // Declared after the client, so dropped before it: executables and their
+                // buffers go while the device context (CUDA's) still exists.
                 let mut cache: HashMap<String, LoadedExecutable> = HashMap::new();
                 for job in rx {
-                    let r = run_job(&client, &mut cache, &job, &label);
+                    let r = run_job(&client, &mut cache, &job, &label, profile);
                     job.reply.send(r).ok();
                 }
+                drop(cache);
+                drop(client);
             })
             .context("cannot start the PJRT worker thread")?;
         match timeout {
@@ -152,7 +171,10 @@ impl Worker {
                 )
             })??,
         }
-        Ok(Worker { tx })
+        Ok(Worker {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
     }
 
     /// Compiles (once per manifest key) and runs a module: warm-up, then timed runs.
@@ -166,6 +188,8 @@ impl Worker {
     ) -> Result<JobResult> {
         let (reply, rx) = channel();
         self.tx
+            .as_ref()
+            .context("PJRT worker is shut down")?
             .send(Job {
                 manifest,
                 module,
@@ -319,15 +343,38 @@ pub fn join_shards(parts: &[Vec<u8>], part_dims: &[i64], item: usize, axis: usiz
 
 /// The one-line message for a module partitioned over more devices than the client has.
 /// On XLA:CPU it is an error whose fix is the backend's `cpu_device_count`; on a TPU VM
-/// the chips are what the machine has, so the case does not apply here (as a tpu-aot
-/// topology too small for it): the message starts with [`crate::runner::NOT_APPLICABLE`]
-/// and the runner records the trial as not applicable.
-pub fn too_few_devices(n: usize, have: usize, platform_label: &str) -> String {
-    if platform_label.starts_with("XLA:CPU") {
-        format!("the module is partitioned over {n} devices but the PJRT client has {have} (raise the backend's cpu_device_count to {n})")
-    } else {
-        format!("{}the case needs {n} devices, this machine's PJRT client has {have} ({platform_label}); a slice with at least {n} chips runs it", crate::runner::NOT_APPLICABLE)
+/// or a GPU machine the devices are what the machine has, so the case does not apply here
+/// (as a tpu-aot topology too small for it): the message starts with
+/// [`crate::runner::NOT_APPLICABLE`] and the runner records the trial as not applicable.
+pub fn too_few_devices(n: usize, have: usize, profile: Profile, platform_label: &str) -> String {
+    let na = crate::runner::NOT_APPLICABLE;
+    match profile {
+        Profile::Cpu => format!("the module is partitioned over {n} devices but the PJRT client has {have} (raise the backend's cpu_device_count to {n})"),
+        Profile::Gpu => format!("{na}the case needs {n} GPUs, this machine's PJRT client has {have} ({platform_label}); a machine with at least {n} GPUs runs it"),
+        Profile::Tpu => format!("{na}the case needs {n} devices, this machine's PJRT client has {have} ({platform_label}); a slice with at least {n} chips runs it"),
     }
+}
+
+/// `mem` with the device allocator's figures around one job (`PJRT_Device_MemoryStats`
+/// of the first device, before the arguments were uploaded and after the timed runs):
+/// the bytes in use before, and the peak when the job raised it (the allocator's peak
+/// counts from the client's start and cannot be reset, so a job below an earlier job's
+/// peak has no figure of its own).
+pub fn with_device_peak(
+    mut mem: Memory,
+    before: Option<&grpo_pjrt::DeviceMemoryStats>,
+    after: Option<&grpo_pjrt::DeviceMemoryStats>,
+) -> Memory {
+    let (Some(b), Some(a)) = (before, after) else {
+        return mem;
+    };
+    mem.device_in_use_before_bytes = Some(b.bytes_in_use.max(0) as u64);
+    if let (Some(pb), Some(pa)) = (b.peak_bytes_in_use, a.peak_bytes_in_use) {
+        if pa > pb {
+            mem.device_peak_bytes = Some(pa.max(0) as u64);
+        }
+    }
+    mem
 }
 
 fn run_job(
@@ -335,13 +382,15 @@ fn run_job(
     cache: &mut HashMap<String, LoadedExecutable>,
     job: &Job,
     platform_label: &str,
+    profile: Profile,
 ) -> Result<JobResult> {
     let m = &job.manifest;
     let n = m.num_partitions.max(1);
     let devices = client.addressable_devices()?;
     if devices.len() < n {
-        bail!("{}", too_few_devices(n, devices.len(), platform_label));
+        bail!("{}", too_few_devices(n, devices.len(), profile, platform_label));
     }
+    let before = devices.first().and_then(|d| d.memory_stats().ok().flatten());
     let ids: Vec<i64> = devices
         .iter()
         .map(|d| d.id().map(i64::from))
@@ -445,9 +494,13 @@ fn run_job(
         };
         outputs.push(widen(&spec.dtype, &bytes)?);
     }
-    let memory = memory_of(exe.executable(), platform_label);
+    let after = devices.first().and_then(|d| d.memory_stats().ok().flatten());
+    let memory = memory_of(exe.executable(), platform_label)
+        .map(|mem| with_device_peak(mem, before.as_ref(), after.as_ref()));
     let cost = cost_of(exe.executable());
-    let derived = (m.platform == "tpu").then(|| super::tpu_aot::derive_cost(exe.executable(), m));
+    let derived = profile
+        .derives_cost()
+        .map(|rates| super::tpu_aot::derive_cost(exe.executable(), m, rates));
     let device_kind = devices.first().and_then(|d| d.kind().ok());
     Ok(JobResult {
         outputs,
@@ -470,8 +523,8 @@ pub fn memory_of(exe: &grpo_pjrt::Executable, source: &str) -> Option<Memory> {
             alias_bytes: Some(s.alias_size_in_bytes as u64),
             generated_code_bytes: Some(s.generated_code_size_in_bytes as u64),
             floor_bytes: None,
-            peak_with_vmem_prefetch_bytes: None,
             source: Some(source.to_string()),
+            ..Default::default()
         }
         .with_floor()
     })
@@ -521,6 +574,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_device_peak_is_a_jobs_own_only_when_the_job_raised_it() {
+        let stats = |in_use: i64, peak: i64| grpo_pjrt::DeviceMemoryStats {
+            bytes_in_use: in_use,
+            peak_bytes_in_use: Some(peak),
+            ..Default::default()
+        };
+        let m = with_device_peak(Memory::default(), Some(&stats(10, 100)), Some(&stats(10, 250)));
+        assert_eq!((m.device_peak_bytes, m.device_in_use_before_bytes), (Some(250), Some(10)));
+        // Below an earlier job's peak: no figure of its own, never the earlier job's.
+        let m = with_device_peak(Memory::default(), Some(&stats(10, 300)), Some(&stats(10, 300)));
+        assert_eq!((m.device_peak_bytes, m.device_in_use_before_bytes), (None, Some(10)));
+        // A plugin without allocator statistics (XLA:CPU): nothing.
+        let m = with_device_peak(Memory::default(), None, None);
+        assert_eq!((m.device_peak_bytes, m.device_in_use_before_bytes), (None, None));
+    }
+
+    #[test]
     fn shards_split_and_join_back_along_any_axis() {
         let dims = [2i64, 3, 8];
         let bytes: Vec<u8> = (0..48u8).collect();
@@ -541,8 +611,11 @@ mod tests {
         }
         // Element [1, 2, 5] of the last-axis split into 4: shard 2 (columns 4..6), column 1.
         let (_, p) = shard_bytes(&dims, &bytes, 1, 2, 4, 2).unwrap();
-        assert!(too_few_devices(4, 1, "XLA:CPU (host memory)").contains("cpu_device_count to 4"));
-        let tpu = too_few_devices(8, 4, "TPU v6e");
+        assert!(too_few_devices(4, 1, Profile::Cpu, "XLA:CPU (host memory)")
+            .contains("cpu_device_count to 4"));
+        let gpu = too_few_devices(2, 1, Profile::Gpu, "XLA:GPU");
+        assert!(gpu.starts_with(crate::runner::NOT_APPLICABLE) && gpu.contains("at least 2 GPUs"));
+        let tpu = too_few_devices(8, 4, Profile::Tpu, "TPU v6e");
         assert!(tpu.starts_with(crate::runner::NOT_APPLICABLE) && tpu.contains("at least 8 chips"));
         // Padding on the last axis, then cropping back, round-trips; the cut part is checked.
         let (pd, padded) = pad_axis(&[2, 3], &[1, 2, 3, 4, 5, 6], &[0], 1, 5);

@@ -39,6 +39,7 @@ class Capabilities:
     delta: bool = True          # a set ``delta`` knob
     beta: bool = True           # beta != 0 (the KL term)
     temperature: bool = True    # temperature != 1
+    mosaic_tpu: bool = False    # a Pallas TPU (Mosaic) kernel: no GPU lowering
 
     def reason(self, p: Problem, k: Knobs) -> Optional[str]:
         """None if the case is inside these capabilities, else why not. A case of a level
@@ -48,7 +49,9 @@ class Capabilities:
             return f"not applicable: level {p.level!r}"
         checks = [
             (p.dtype in self.dtypes, f"dtype {p.dtype!r}"),
-            (p.platform in self.platforms, f"platform {p.platform!r}"),
+            (p.platform in self.platforms,
+             "Mosaic TPU kernel (no GPU lowering)" if self.mosaic_tpu and p.platform == "cuda"
+             else f"platform {p.platform!r}"),
             (k.loss_type in self.loss_types, f"loss_type {k.loss_type!r}"),
             (k.importance_sampling_level in self.importance_sampling_levels,
              f"importance_sampling_level {k.importance_sampling_level!r}"),

@@ -665,7 +665,7 @@ IMPLEMENTATION = Implementation(
                 "logsumexp; backward recomputes tiles in a dhidden kernel (token-parallel) "
                 "and a dlm_head kernel (vocab-parallel)",
     build=build,
-    capabilities=Capabilities(levels=frozenset({"fused"}), platforms=frozenset({"cpu", "tpu"})),
+    capabilities=Capabilities(levels=frozenset({"fused"}), platforms=frozenset({"cpu", "tpu"}), mosaic_tpu=True),
     default_options={"block_tokens": 256, "block_v": 512, "interpret": None,
                      "lm_head_layout": None, "bwd_dz_dtype": "input", "vmem_limit_bytes": None,
                      "oob_fill": "unspecified"},

@@ -556,7 +556,7 @@ def _builder(bwd_impl_fixed: Optional[str], declared_bytes_scale: float = 1.0):
     return build
 
 
-_CAPS = Capabilities(levels=frozenset({"logits"}), platforms=frozenset({"cpu", "tpu"}))
+_CAPS = Capabilities(levels=frozenset({"logits"}), platforms=frozenset({"cpu", "tpu"}), mosaic_tpu=True)
 # What `grpo-suite sweep` compares: blocks of 64 to 512 tokens by 512 to 4096 vocab entries.
 _SPACE = {"block_rows": (64, 128, 256, 512), "block_v": (512, 1024, 2048, 4096)}
 _COMMON_OPTIONS = {"block_rows": 128, "block_v": 2048, "interpret": None,

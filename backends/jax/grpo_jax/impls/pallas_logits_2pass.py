@@ -182,7 +182,7 @@ IMPLEMENTATION = Implementation(
                 "(token-level gradient coefficient computed in-kernel) in one read and one "
                 "write of the logits; row-major logits only",
     build=build,
-    capabilities=Capabilities(levels=frozenset({"logits"}), platforms=frozenset({"cpu", "tpu"}),
+    capabilities=Capabilities(levels=frozenset({"logits"}), platforms=frozenset({"cpu", "tpu"}), mosaic_tpu=True,
                               importance_sampling_levels=frozenset({"token"})),
     default_options={"block_rows": 8, "interpret": None, "vmem_limit_bytes": None},
     extra_check=extra_check,

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The pjrt-gpu checks on a machine with an NVIDIA GPU and no Rust toolchain (docs/gpu.md):
+# run here first, in the project root, to build what travels:
+#   bash scripts/gpu_check.sh prepare
+# then, on the GPU machine, in the project root (with .device/ taken along):
+#   OUT=<dir> bash scripts/gpu_check.sh run
+# `run` writes under $OUT: versions.txt, bench.log (`grpo-suite bench` at the seeds' shapes),
+# cuda-errors.txt (CUDA error lines at exit; empty when teardown is clean) and gpu-check.tgz:
+# conformance-{smoke,ci}.{log,jsonl} (the harness over the smoke and ci tiers' pjrt-gpu
+# trials with configs/gpu.yaml, each cut at SMOKE_LIMIT_S / CI_LIMIT_S) and bench-*.jsonl.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+case "${1:-}" in
+prepare)
+  set -e
+  cargo build --release --quiet --bin grpo-suite
+  cargo test --release --no-run --test conformance 2>&1 | grep -o 'target/release/deps/conformance-[0-9a-f]*' | head -1 >.device-conformance
+  mkdir -p .device
+  cp target/release/grpo-suite .device/grpo-suite && strip .device/grpo-suite
+  cp "$(cat .device-conformance)" .device/conformance && strip .device/conformance
+  rm -f .device-conformance
+  grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >>.git/info/exclude
+  echo "ready: .device/ ($(du -sh .device | cut -f1))"
+  ;;
+run)
+  : "${OUT:?set OUT to the output directory}"
+  W=$(mktemp -d)
+  PY=${GRPO_PYTHON:-$(command -v python3)}
+  if [ -z "${GRPO_PJRT_PLUGIN:-}" ]; then
+    GRPO_PJRT_PLUGIN=$("$PY" -c 'import glob, os, jax_plugins.xla_cuda13 as m; print(glob.glob(os.path.join(os.path.dirname(m.__file__), "xla_cuda_plugin.so"))[0])' 2>/dev/null)
+  fi
+  export GRPO_PJRT_PLUGIN GRPO_PYTHON=$PY GRPO_ROOT=$PWD JAX_PLATFORMS=cpu
+  export PYTHONPATH=$PWD/backends/jax${PYTHONPATH:+:$PYTHONPATH}
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    "$PY" -c 'import jax; print("exporter: jax", jax.__version__)'
+    echo "plugin: $GRPO_PJRT_PLUGIN"
+    echo "cores: $(nproc)"
+  } >"$OUT/versions.txt" 2>&1
+  cat "$OUT/versions.txt"
+  # The harness over the smoke tier's pjrt-gpu trials (records are written as trials end,
+  # so a run cut by its time limit still brings its verdicts).
+  conformance() { # tier limit_s
+    GRPO_SUITE=$1 GRPO_CONFIG=configs/gpu.yaml GRPO_REQUIRE_BACKENDS=reference,pjrt-gpu \
+      GRPO_RECORDS="$W/conformance-$1.jsonl" timeout "$2" .device/conformance pjrt-gpu/ \
+      >"$W/conformance-$1.log" 2>&1
+    echo "conformance $1: exit $?" >>"$W/conformance-$1.log"
+  }
+  conformance smoke "${SMOKE_LIMIT_S:-120}"
+  # `grpo-suite bench` at the seeds' shapes: one process per case, the lighter
+  # implementations first (the allocator's peak counts from the client's start, so a
+  # trial's device peak is its own only above every earlier trial's).
+  for c in 'logits/bf16/b1_t4096_v151936/*' 'fused/bf16/b1_t8192_v151936_h4096/*' 'fused/bf16/b1_t8192_v151643_h4096/*'; do
+    n=$(echo "$c" | cut -d/ -f1,3 | tr / -)
+    timeout "${BENCH_LIMIT_S:-100}" .device/grpo-suite bench --config configs/gpu.yaml --backend pjrt-gpu --case "$c" \
+      --impl 'xla_chunked@1024x8192|xla_chunked@2048x16384-default|jax_baseline' \
+      --runs 10 --warmup 2 --json "$W/bench-$n.jsonl" >>"$OUT/bench.log" 2>&1
+    echo "bench $c: exit $?" >>"$OUT/bench.log"
+  done
+  # The ci tier for what time is left.
+  conformance ci "${CI_LIMIT_S:-100}"
+  grep -hE 'cuda_executor|CUDA error|leaking' "$OUT/bench.log" "$W"/*.log >"$OUT/cuda-errors.txt"
+  tar czf "$OUT/gpu-check.tgz" -C "$W" .
+  echo "CUDA error lines: $(wc -l <"$OUT/cuda-errors.txt")"
+  grep -hE '^bench .*exit|^conformance|^test result' "$OUT/bench.log" "$W"/*.log
+  ;;
+*)
+  echo "usage: bash scripts/gpu_check.sh prepare | run (docs/gpu.md)" >&2
+  exit 2
+  ;;
+esac
