@@ -3,7 +3,7 @@
 # run here first, in the project root, to build what travels:
 #   bash scripts/gpu_check.sh prepare
 # then, on the GPU machine, in the project root (with .device/ taken along):
-#   OUT=<dir> bash scripts/gpu_check.sh run
+#   OUT=<dir> bash scripts/gpu_check.sh run [bench|conformance]   (one part only)
 # `run` writes under $OUT: versions.txt, bench.log (`grpo-suite bench` at the seeds' shapes),
 # cuda-errors.txt (CUDA error lines at exit; empty when teardown is clean) and gpu-check.tgz:
 # conformance-{smoke,ci}.{log,jsonl} (the harness over the smoke and ci tiers' pjrt-gpu
@@ -38,6 +38,7 @@ run)
     echo "cores: $(nproc)"
   } >"$OUT/versions.txt" 2>&1
   cat "$OUT/versions.txt"
+  : >"$OUT/bench.log"
   # The harness over the smoke tier's pjrt-gpu trials (records are written as trials end,
   # so a run cut by its time limit still brings its verdicts).
   conformance() { # tier limit_s
@@ -46,11 +47,11 @@ run)
       >"$W/conformance-$1.log" 2>&1
     echo "conformance $1: exit $?" >>"$W/conformance-$1.log"
   }
-  conformance smoke "${SMOKE_LIMIT_S:-120}"
+  [ "${2:-}" = bench ] || conformance smoke "${SMOKE_LIMIT_S:-120}"
   # `grpo-suite bench` at the seeds' shapes: one process per case, the lighter
   # implementations first (the allocator's peak counts from the client's start, so a
   # trial's device peak is its own only above every earlier trial's).
-  for c in 'logits/bf16/b1_t4096_v151936/*' 'fused/bf16/b1_t8192_v151936_h4096/*' 'fused/bf16/b1_t8192_v151643_h4096/*'; do
+  [ "${2:-}" = conformance ] || for c in 'logits/bf16/b1_t4096_v151936/*' 'fused/bf16/b1_t8192_v151936_h4096/*' 'fused/bf16/b1_t8192_v151643_h4096/*'; do
     n=$(echo "$c" | cut -d/ -f1,3 | tr / -)
     timeout "${BENCH_LIMIT_S:-100}" .device/grpo-suite bench --config configs/gpu.yaml --backend pjrt-gpu --case "$c" \
       --impl 'xla_chunked@1024x8192|xla_chunked@2048x16384-default|jax_baseline' \
@@ -58,7 +59,8 @@ run)
     echo "bench $c: exit $?" >>"$OUT/bench.log"
   done
   # The ci tier for what time is left.
-  conformance ci "${CI_LIMIT_S:-100}"
+  [ "${2:-}" = bench ] || conformance ci "${CI_LIMIT_S:-100}"
+  shopt -s nullglob
   grep -hE 'cuda_executor|CUDA error|leaking' "$OUT/bench.log" "$W"/*.log >"$OUT/cuda-errors.txt"
   tar czf "$OUT/gpu-check.tgz" -C "$W" .
   echo "CUDA error lines: $(wc -l <"$OUT/cuda-errors.txt")"

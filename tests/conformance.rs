@@ -26,6 +26,11 @@ fn fail(e: impl std::fmt::Display) -> ! {
 }
 
 fn main() {
+    // The PJRT plugins log INFO lines through absl (the CUDA plugin's allocator, ptxas):
+    // warnings and errors only, unless the user chose otherwise (as grpo-suite does).
+    if std::env::var_os("TF_CPP_MIN_LOG_LEVEL").is_none() {
+        std::env::set_var("TF_CPP_MIN_LOG_LEVEL", "1");
+    }
     #[cfg(feature = "pjrt")]
     grpo_conformance::backends::pjrt::tpu_aot::prepare_environment();
     let args = Arguments::from_args();

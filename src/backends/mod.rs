@@ -307,7 +307,10 @@ impl BackendsConfig {
             crate::config::resolve_entry_paths(&mut c.implementations, base);
             plugin(&mut c.plugin);
         }
-        for c in [&mut self.pjrt_gpu, &mut self.pjrt_tpu].into_iter().flatten() {
+        for c in [&mut self.pjrt_gpu, &mut self.pjrt_tpu]
+            .into_iter()
+            .flatten()
+        {
             crate::config::resolve_entry_paths(&mut c.implementations, base);
             plugin(&mut c.plugin);
         }

@@ -71,6 +71,8 @@ pub struct Row {
     pub measured_over_roofline: Option<f64>,
     /// Why the cost could not be derived.
     pub cost_error: Option<String>,
+    /// What the derived cost could not count (a loop's trip count, a library call).
+    pub cost_notes: Vec<String>,
     /// Why the implementation did not run (unsupported, export or run error).
     pub error: Option<String>,
 }
@@ -113,7 +115,8 @@ pub fn run(matrix: &Matrix, args: BenchArgs) -> Result<()> {
     if !backend.executes() {
         bail!("--backend {}: it compiles without executing; bench needs an executing backend (pjrt-cpu, pjrt-gpu, pjrt-tpu)", args.backend);
     }
-    let impls = ordered_implementations(&backend.implementations(), args.implementations.as_deref());
+    let impls =
+        ordered_implementations(&backend.implementations(), args.implementations.as_deref());
     if impls.is_empty() {
         bail!(
             "--impl {}: no implementation of backend `{}` matches (it has: {})",
@@ -142,8 +145,10 @@ pub fn run(matrix: &Matrix, args: BenchArgs) -> Result<()> {
     for case in &cases {
         grpo_conformance::trials::check_host_memory(case)
             .map_err(|e| anyhow::anyhow!("{}: {e}", case.id))?;
-        let supported: Vec<(&String, Result<(), String>)> =
-            impls.iter().map(|i| (i, backend.supports(i, case))).collect();
+        let supported: Vec<(&String, Result<(), String>)> = impls
+            .iter()
+            .map(|i| (i, backend.supports(i, case)))
+            .collect();
         let inputs = supported.iter().any(|(_, s)| s.is_ok()).then(|| {
             eprintln!("bench: {}: generating inputs", case.id);
             Inputs::generate_for_timing(case)
@@ -206,6 +211,7 @@ fn row_of(backend: &str, imp: &str, case: &Case, res: Result<RunResult>) -> Row 
         roofline: None,
         measured_over_roofline: None,
         cost_error: None,
+        cost_notes: Vec::new(),
         error: None,
     };
     match res {
@@ -215,6 +221,7 @@ fn row_of(backend: &str, imp: &str, case: &Case, res: Result<RunResult>) -> Row 
             row.runs_s = r.timing.map(|t| t.runs_s).unwrap_or_default();
             row.memory = r.memory;
             row.matmul_equivalents = r.derived.as_ref().and_then(|d| d.matmul_equivalents);
+            row.cost_notes = r.derived.map(|d| d.notes).unwrap_or_default();
             row.roofline = r.roofline;
             row.measured_over_roofline = r.efficiency.map(|e| e.measured_over_roofline);
             row.cost_error = r.cost_error;
@@ -270,7 +277,8 @@ fn print_rows(rows: &[Row]) {
                 gb(mem.and_then(|m| m.device_peak_bytes)),
                 mem.and_then(|m| m.peak_over_floor())
                     .map_or("-".into(), |x| format!("{x:.2}×")),
-                r.matmul_equivalents.map_or("-".into(), |x| format!("{x:.2}")),
+                r.matmul_equivalents
+                    .map_or("-".into(), |x| format!("{x:.2}")),
                 r.roofline.as_ref().map_or("-".into(), |x| {
                     format!(
                         "{} {} ({:?})",
@@ -301,4 +309,10 @@ fn print_rows(rows: &[Row]) {
         ],
         &table,
     );
+    // What the derived figures leave out, under the table (nothing when all is counted).
+    for r in rows.iter().filter(|r| !r.cost_notes.is_empty()) {
+        for n in &r.cost_notes {
+            println!("note: {} on {}: {n}", r.implementation, r.case);
+        }
+    }
 }

@@ -583,7 +583,7 @@ impl<'a> Walker<'a> {
             ));
             return;
         };
-        let trips = trip_count(inst, by_id, cond, body);
+        let trips = known_trip_count(inst).or_else(|| trip_count(inst, by_id, cond, body));
         self.loops.push(LoopTrip {
             name: inst.name.clone(),
             trips,
@@ -1093,6 +1093,15 @@ fn tuple_index_of(i: &HloInstruction, by_id: &HashMap<i64, &HloInstruction>) -> 
 
 /// Trip count of a counted loop: `cond` compares tuple element k with a constant, `body`
 /// adds a constant step to element k, the initial tuple sets it to a constant.
+/// The trip count XLA itself derived and wrote into the while's backend config
+/// (`{"known_trip_count":{"n":"152"}}`, XLA:GPU's `WhileLoopTripCountAnnotator`): its loops
+/// are rewritten so that the pattern [`trip_count`] reads is gone from the condition.
+fn known_trip_count(w: &HloInstruction) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(&w.backend_config).ok()?;
+    let n = v.get("known_trip_count")?.get("n")?;
+    n.as_u64().or_else(|| n.as_str()?.parse().ok())
+}
+
 fn trip_count(
     w: &HloInstruction,
     outer: &HashMap<i64, &HloInstruction>,
@@ -1418,6 +1427,19 @@ mod tests {
         // trip) and the condition's compare once per test (8 times).
         assert_eq!(d.work.other_flops, 7.0 * 2.0 + 8.0);
         assert!(d.notes.is_empty(), "{:?}", d.notes);
+        // The same loop with XLA's own trip count in its backend config (XLA:GPU's form,
+        // whose condition the pattern cannot read): counted 7 times.
+        let mut annotated = chunk_loop(7, false);
+        for c in &mut annotated.computations {
+            for i in c.instructions.iter_mut().filter(|i| i.opcode == "while") {
+                i.backend_config = br#"{"known_trip_count":{"n":"7"}}"#.to_vec();
+            }
+        }
+        let d = derive(&annotated, &[]);
+        assert_eq!(
+            (d.loops[0].trips, d.work.matmul_flops),
+            (Some(7), 7.0 * per)
+        );
         // A loop whose start is not a constant is counted once and named.
         let d = derive(&chunk_loop(7, false), &[]);
         assert_eq!(d.loops[0].trips, None);

@@ -478,7 +478,10 @@ mod tests {
     #[test]
     fn timing_inputs_differ_from_the_cases_only_in_old_and_ref_logp_at_the_fused_level() {
         let fused = parse_fixed("level: fused, b: 2, t: 8, h: 32, v: 2049, dtype: bf16").unwrap();
-        let (x, y) = (Inputs::generate(&fused), Inputs::generate_for_timing(&fused));
+        let (x, y) = (
+            Inputs::generate(&fused),
+            Inputs::generate_for_timing(&fused),
+        );
         assert_eq!(
             (&x.hidden, &x.lm_head, &x.chosen_ids, &x.mask, &x.advantages),
             (&y.hidden, &y.lm_head, &y.chosen_ids, &y.mask, &y.advantages)
@@ -488,8 +491,14 @@ mod tests {
         assert!(y.ref_logp.iter().all(|&r| (r as f64 - uniform).abs() < 1.0));
         // The logits level has its statistics with its rows: the same inputs.
         let logits = parse_fixed("b: 2, t: 8, v: 2049").unwrap();
-        let (a, b) = (Inputs::generate(&logits), Inputs::generate_for_timing(&logits));
-        assert_eq!((a.logits, a.old_logp, a.ref_logp), (b.logits, b.old_logp, b.ref_logp));
+        let (a, b) = (
+            Inputs::generate(&logits),
+            Inputs::generate_for_timing(&logits),
+        );
+        assert_eq!(
+            (a.logits, a.old_logp, a.ref_logp),
+            (b.logits, b.old_logp, b.ref_logp)
+        );
     }
 
     #[test]

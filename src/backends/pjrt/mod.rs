@@ -77,7 +77,12 @@ pub(crate) fn available(
     if let Some(c) = &b.pjrt_gpu {
         push(
             "pjrt-gpu".into(),
-            arc(exec::PjrtExec::open(Profile::Gpu, c.plugin.as_ref(), None, &c.implementations)),
+            arc(exec::PjrtExec::open(
+                Profile::Gpu,
+                c.plugin.as_ref(),
+                None,
+                &c.implementations,
+            )),
         );
     }
     if let Some(c) = &b.tpu_aot {
@@ -91,7 +96,12 @@ pub(crate) fn available(
     if let Some(c) = &b.pjrt_tpu {
         push(
             "pjrt-tpu".into(),
-            arc(exec::PjrtExec::open(Profile::Tpu, c.plugin.as_ref(), None, &c.implementations)),
+            arc(exec::PjrtExec::open(
+                Profile::Tpu,
+                c.plugin.as_ref(),
+                None,
+                &c.implementations,
+            )),
         );
     }
 }

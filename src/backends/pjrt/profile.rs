@@ -164,7 +164,9 @@ impl Profile {
             Profile::Cpu => "XLA:CPU (host memory: peak = arguments + outputs)".into(),
             Profile::Gpu => format!(
                 "XLA:GPU {} (device memory)",
-                plugin.file_name().map_or_else(String::new, |f| f.to_string_lossy().into_owned())
+                plugin
+                    .file_name()
+                    .map_or_else(String::new, |f| f.to_string_lossy().into_owned())
             ),
             Profile::Tpu => format!(
                 "libtpu {} (device HBM)",
@@ -214,7 +216,12 @@ pub fn no_gpu_reason(dev: &Path) -> Option<String> {
         n.strip_prefix("nvidia")
             .is_some_and(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()))
     });
-    (!has).then(|| format!("no NVIDIA GPU on this machine ({}/nvidia0 absent)", dev.display()))
+    (!has).then(|| {
+        format!(
+            "no NVIDIA GPU on this machine ({}/nvidia0 absent)",
+            dev.display()
+        )
+    })
 }
 
 fn dir_has(dir: &str, pred: &dyn Fn(&str) -> bool) -> bool {

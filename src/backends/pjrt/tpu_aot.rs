@@ -430,7 +430,11 @@ pub fn derive_cost(
     let module = grpo_pjrt::hlo::decode(&format, &bytes)
         .ok_or_else(|| format!("the optimized program is in format `{format}`, not HLO"))?
         .map_err(|e| format!("unreadable optimized HLO: {e}"))?;
-    Ok(crate::cost::hlo_walk::derive_on(&module, &manifest.kernels, rates))
+    Ok(crate::cost::hlo_walk::derive_on(
+        &module,
+        &manifest.kernels,
+        rates,
+    ))
 }
 
 impl Backend for TpuAot {

@@ -2,9 +2,9 @@
 //! trials send it jobs over a channel. One worker also keeps timed runs from overlapping.
 
 use super::export::Manifest;
+use super::profile::{Profile, CLIENT_TIMEOUT};
 use crate::backends::{Memory, Timing};
 use anyhow::{anyhow, bail, Context, Result};
-use super::profile::{Profile, CLIENT_TIMEOUT};
 use grpo_pjrt::{
     Client, ClientOptions, CompileOptions, DeviceAssignment, ElementType, LoadedExecutable, Plugin,
     Program,
@@ -388,9 +388,14 @@ fn run_job(
     let n = m.num_partitions.max(1);
     let devices = client.addressable_devices()?;
     if devices.len() < n {
-        bail!("{}", too_few_devices(n, devices.len(), profile, platform_label));
+        bail!(
+            "{}",
+            too_few_devices(n, devices.len(), profile, platform_label)
+        );
     }
-    let before = devices.first().and_then(|d| d.memory_stats().ok().flatten());
+    let before = devices
+        .first()
+        .and_then(|d| d.memory_stats().ok().flatten());
     let ids: Vec<i64> = devices
         .iter()
         .map(|d| d.id().map(i64::from))
@@ -494,7 +499,9 @@ fn run_job(
         };
         outputs.push(widen(&spec.dtype, &bytes)?);
     }
-    let after = devices.first().and_then(|d| d.memory_stats().ok().flatten());
+    let after = devices
+        .first()
+        .and_then(|d| d.memory_stats().ok().flatten());
     let memory = memory_of(exe.executable(), platform_label)
         .map(|mem| with_device_peak(mem, before.as_ref(), after.as_ref()));
     let cost = cost_of(exe.executable());
@@ -580,14 +587,31 @@ mod tests {
             peak_bytes_in_use: Some(peak),
             ..Default::default()
         };
-        let m = with_device_peak(Memory::default(), Some(&stats(10, 100)), Some(&stats(10, 250)));
-        assert_eq!((m.device_peak_bytes, m.device_in_use_before_bytes), (Some(250), Some(10)));
+        let m = with_device_peak(
+            Memory::default(),
+            Some(&stats(10, 100)),
+            Some(&stats(10, 250)),
+        );
+        assert_eq!(
+            (m.device_peak_bytes, m.device_in_use_before_bytes),
+            (Some(250), Some(10))
+        );
         // Below an earlier job's peak: no figure of its own, never the earlier job's.
-        let m = with_device_peak(Memory::default(), Some(&stats(10, 300)), Some(&stats(10, 300)));
-        assert_eq!((m.device_peak_bytes, m.device_in_use_before_bytes), (None, Some(10)));
+        let m = with_device_peak(
+            Memory::default(),
+            Some(&stats(10, 300)),
+            Some(&stats(10, 300)),
+        );
+        assert_eq!(
+            (m.device_peak_bytes, m.device_in_use_before_bytes),
+            (None, Some(10))
+        );
         // A plugin without allocator statistics (XLA:CPU): nothing.
         let m = with_device_peak(Memory::default(), None, None);
-        assert_eq!((m.device_peak_bytes, m.device_in_use_before_bytes), (None, None));
+        assert_eq!(
+            (m.device_peak_bytes, m.device_in_use_before_bytes),
+            (None, None)
+        );
     }
 
     #[test]
