@@ -57,7 +57,7 @@ pub const VARS: &[Var] = &[
     Var { name: BLESS, meaning: "`1`: the harness rewrites golden files instead of checking them", default: "unset (check)", read_by: "test harness" },
     Var { name: PYTHON, meaning: "Python interpreter that runs the exporter (`grpo_jax`)", default: "`.venv/bin/python`", read_by: "PJRT backends, `scripts/setup.sh`" },
     Var { name: ARTIFACTS, meaning: "cache directory of exported modules", default: "`target/grpo-artifacts`", read_by: "PJRT backends" },
-    Var { name: PJRT_PLUGIN, meaning: "CPU PJRT plugin (.so); overrides the config's `plugin`", default: "the venv's `xla_cpu_pjrt`", read_by: "`pjrt-cpu`, grpo-pjrt tests" },
+    Var { name: PJRT_PLUGIN, meaning: "PJRT plugin (.so) of `pjrt-cpu` and `pjrt-gpu`; overrides the config's `plugin` (a plugin of another platform than the backend's is an error)", default: "the venv's `xla_cpu_pjrt` (`pjrt-cpu`), `jax_plugins/xla_cuda13` (`pjrt-gpu`)", read_by: "`pjrt-cpu`, `pjrt-gpu`, grpo-pjrt tests" },
     Var { name: LIBTPU, meaning: "libtpu shared library; overrides the config's `plugin`", default: "the venv's `libtpu/libtpu.so`", read_by: "`tpu-aot`, `pjrt-tpu`" },
     Var { name: RECORDS, meaning: "JSONL record file of the test harness", default: "`target/grpo-records/cargo-test-<suite>-<unix time>.jsonl`", read_by: "test harness" },
     Var { name: "GRPO_PJRT_HEADER_PATH", meaning: "`pjrt_c_api.h` to generate the binding from (build time)", default: "the venv's `xla_cpu_pjrt` wheel", read_by: "grpo-pjrt build script" },

@@ -393,9 +393,6 @@ fn run_job(
             too_few_devices(n, devices.len(), profile, platform_label)
         );
     }
-    let before = devices
-        .first()
-        .and_then(|d| d.memory_stats().ok().flatten());
     let ids: Vec<i64> = devices
         .iter()
         .map(|d| d.id().map(i64::from))
@@ -415,6 +412,11 @@ fn run_job(
         cache.insert(m.key.clone(), exe);
     }
     let exe = &cache[&m.key];
+    // After the compile (its autotuning allocates and frees device memory of its own):
+    // the peak below is the arguments', the runs' temporaries and the outputs'.
+    let before = devices
+        .first()
+        .and_then(|d| d.memory_stats().ok().flatten());
     // Sharded arguments whose axis the module takes padded: padded once, before the split.
     let mut padded: Vec<Option<(Vec<i64>, Vec<u8>)>> = Vec::with_capacity(job.args.len());
     for (a, spec) in job.args.iter().zip(&m.inputs) {
@@ -453,6 +455,10 @@ fn run_job(
     }
     let mut last = None;
     for _ in 0..job.repeats.max(1) {
+        // The previous run's outputs go first: kept alive, they would add one output set to
+        // the device peak (measured on an H100: the allocator's peak was the compiled peak
+        // plus exactly the output bytes, docs/gpu.md).
+        drop(last.take());
         let t0 = Instant::now();
         let outs = exe.execute(&lists)?; // waits for completion events
         timing.runs_s.push(t0.elapsed().as_secs_f64());
