@@ -8,6 +8,7 @@ use crate::gates::{self, GateReport};
 use crate::inputs::Inputs;
 use crate::oracle::Oracle;
 use crate::outputs::Outputs;
+use crate::spec::OutputName;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -300,6 +301,9 @@ impl TrialOutcome {
             .filter(|g| !g.passed)
             .map(|g| g.message.clone())
             .collect();
+        if let Some(hint) = clip_tie_hint(&self.case, &self.gates) {
+            lines.push(hint.into());
+        }
         if let Some(inv) = &self.invariance {
             lines.extend(
                 inv.one_device_gates
@@ -340,6 +344,24 @@ impl TrialOutcome {
         }
         lines.join("\n")
     }
+}
+
+/// The hint a failed gradient gets on a case whose ratios sit exactly on the clip edges
+/// (data profile `ratio_edges`): SPEC gives the whole unclipped gradient at a tie, and a
+/// TRL-style `-min(r·A, clip(r)·A)` half of it (docs/external.md).
+pub const CLIP_TIE_HINT: &str = "hint: this case puts ratios exactly on the clip edges, where SPEC gives the whole unclipped gradient -A·r; a kernel written -min(r·A, clip(r)·A) gives half of it there (the minimum's tie rule): branch explicitly (docs/external.md, \"clip edge\"; docs/spec.md, \"Branch rule and ties\")";
+
+/// [`CLIP_TIE_HINT`] when `case_id` is a `ratio_edges` case and a gradient gate failed.
+pub fn clip_tie_hint(case_id: &str, gates: &[GateReport]) -> Option<&'static str> {
+    let edges = case_id.split('/').any(|seg| seg.starts_with("ratio_edges"));
+    let gradient_failed = gates.iter().any(|g| {
+        !g.passed
+            && matches!(
+                g.output,
+                OutputName::Dlogits | OutputName::Dhidden | OutputName::DlmHead
+            )
+    });
+    (edges && gradient_failed).then_some(CLIP_TIE_HINT)
 }
 
 /// One-device outputs of an implementation on a backend, keyed `backend/implementation`:

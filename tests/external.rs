@@ -508,3 +508,44 @@ fn a_repeated_message_is_printed_once_with_its_count() {
         "{out}"
     );
 }
+
+#[test]
+fn a_trl_style_minimum_fails_the_clip_edge_case_with_the_tie_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "backends:\n  pjrt-cpu:\n    implementations:\n      - {{id: 'trl_min:IMPL', name: trl_min, pythonpath: [{}]}}\n",
+            repo_root().join("tests/data/kernels").display()
+        ),
+    )
+    .unwrap();
+    let (o, d) = run(&cfg, &["--filter", "pjrt-cpu/trl_min/logits/f32/"], &[]);
+    let out = text(&o);
+    let recs = records(&d);
+    let verdict = |want: &str| {
+        recs.iter()
+            .filter(|r| r["case"].as_str().is_some_and(|c| c.contains(want)))
+            .map(|r| r["verdict"].as_str().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
+    // The clip-edge case fails on the gradient, and its message carries the hint once.
+    let edges = verdict("ratio_edges");
+    assert!(
+        !edges.is_empty() && edges.iter().all(|v| v == "fail"),
+        "{edges:?}\n{out}"
+    );
+    assert!(out.contains("FAIL") && out.contains("dlogits"), "{out}");
+    assert_eq!(
+        out.matches(grpo_conformance::runner::CLIP_TIE_HINT).count(),
+        edges.len(),
+        "{out}"
+    );
+    // Where no ratio sits on an edge the two surrogates agree: those pass, with no hint.
+    let others = verdict("normal1");
+    assert!(
+        !others.is_empty() && others.iter().all(|v| v == "pass"),
+        "{others:?}\n{out}"
+    );
+}

@@ -216,19 +216,11 @@ impl Backend for PjrtExec {
     }
 
     fn implementations(&self) -> Vec<String> {
-        self.impls
-            .iter()
-            .map(|c| c.display_name().to_string())
-            .collect()
+        super::export::names(&self.impls)
     }
 
     fn supports(&self, implementation: &str, case: &Case) -> Result<(), String> {
-        let Some(imp) = self.options(implementation) else {
-            return Err(format!(
-                "{} has no implementation `{implementation}` configured",
-                self.profile.backend()
-            ));
-        };
+        let imp = super::export::entry(&self.impls, self.profile.backend(), implementation)?;
         // On the CPU plugin device memory is host memory, shared with the suite's own copy
         // of the inputs and the oracle: estimate and refuse rather than swap or get killed.
         if self.profile.device_is_host() {

@@ -770,6 +770,20 @@ pub fn find<'a>(impls: &'a [ImplConfig], name: &str) -> Option<&'a ImplConfig> {
     impls.iter().find(|c| c.display_name() == name)
 }
 
+/// The entry named `name` of backend `backend`, or the unsupported reason that it has none.
+pub fn entry<'a>(
+    impls: &'a [ImplConfig],
+    backend: &str,
+    name: &str,
+) -> Result<&'a ImplConfig, String> {
+    find(impls, name).ok_or_else(|| format!("{backend} has no implementation `{name}` configured"))
+}
+
+/// The display names of a backend's entries, in config order.
+pub fn names(impls: &[ImplConfig]) -> Vec<String> {
+    impls.iter().map(|c| c.display_name().to_string()).collect()
+}
+
 /// The exporter of one backend: which Python, which cache, which platform, and what it
 /// has answered so far (per entry and case id). Only work a trial will
 /// run is ever sent to it.

@@ -443,19 +443,11 @@ impl Backend for TpuAot {
     }
 
     fn implementations(&self) -> Vec<String> {
-        self.impls
-            .iter()
-            .map(|c| c.display_name().to_string())
-            .collect()
+        super::export::names(&self.impls)
     }
 
     fn supports(&self, implementation: &str, case: &Case) -> Result<(), String> {
-        let Some(imp) = self.options(implementation) else {
-            return Err(format!(
-                "{} has no implementation `{implementation}` configured",
-                self.name
-            ));
-        };
+        let imp = super::export::entry(&self.impls, &self.name, implementation)?;
         if let Some(devices) = topology_devices(&self.topology).filter(|&c| case.devices > c) {
             // A topology too small for the case is not a limitation of the implementation.
             return Err(format!(
