@@ -6,6 +6,7 @@
 #
 #   scripts/mutants.sh gates     # ~211 mutants, ~25 min on 2 cores
 #   scripts/mutants.sh oracle    # ~840 mutants, ~1.5 h on 2 cores
+#   scripts/mutants.sh roofline-identity   # src/cost/roofline.rs and src/run_identity.rs
 #   scripts/mutants.sh gates --shard 0/4   # extra arguments go to cargo mutants
 #
 # Results: target/mutants-<set>/mutants.out/ (caught.txt, missed.txt, unviable.txt, timeout.txt).
@@ -31,7 +32,14 @@ case "$set_name" in
     # exported implementation (pjrt-cpu, tpu-aot).
     exec cargo mutants -f 'src/oracle/*.rs' "${common[@]}" "$@" -C --lib -C --test=oracle_checks \
       -C --test=conformance -- -- --skip inputs:: --skip pjrt-cpu/ --skip tpu-aot ;;
+  roofline-identity)
+    # The roofline table and model (every verdict of sweep and the speed budgets) and the
+    # run identity (what --resume may reuse): their unit tests, and those of the code
+    # that uses them (the cost walk, the execution backend's speed figures, tpu-aot's
+    # topology sizes, the records).
+    exec cargo mutants -f src/cost/roofline.rs -f src/run_identity.rs "${common[@]}" "$@" -C --lib \
+      -- -- cost:: run_identity:: backends:: records:: ;;
   *)
-    echo "usage: scripts/mutants.sh gates|oracle [cargo mutants arguments]" >&2
+    echo "usage: scripts/mutants.sh gates|oracle|roofline-identity [cargo mutants arguments]" >&2
     exit 2 ;;
 esac

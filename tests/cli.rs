@@ -2035,3 +2035,48 @@ fn replace_cases_leaves_the_suites_self_checks_out() {
     assert!(!replaced.contains("should-fail/"), "{replaced}");
     assert!(replaced.contains("b1_t5_v777"), "{replaced}");
 }
+
+#[test]
+fn the_run_table_fits_the_terminal_width_unless_wide() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let rec = dir.path().join(format!("r{}.jsonl", extra.join("_")));
+        let o = grpo_suite()
+            .args([
+                "run",
+                "--suite",
+                "smoke",
+                "--backend",
+                "reference",
+                "--filter",
+            ])
+            .arg("reference/oracle/logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0.04/*")
+            .arg("--records")
+            .arg(&rec)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let table = |out: &str| -> Vec<String> {
+        out.lines()
+            .skip_while(|l| !l.starts_with("case "))
+            .take_while(|l| !l.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let fitted = table(&run(&["--width", "100"]));
+    assert!(fitted.len() >= 2, "{fitted:?}");
+    assert!(
+        fitted.iter().all(|l| l.chars().count() <= 100),
+        "{fitted:#?}"
+    );
+    assert!(fitted.iter().any(|l| l.contains('…')), "{fitted:#?}");
+    // Output to a pipe keeps cells whole, as --wide does everywhere.
+    let wide = table(&run(&[]));
+    assert!(wide.iter().any(|l| l.chars().count() > 100), "{wide:#?}");
+    let wide = table(&run(&["--wide"]));
+    assert!(wide.iter().any(|l| l.chars().count() > 100), "{wide:#?}");
+    assert!(!wide.iter().any(|l| l.contains('…')), "{wide:#?}");
+}

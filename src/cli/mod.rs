@@ -7,6 +7,7 @@ mod inputs_cmd;
 mod numbers;
 mod run_cmd;
 mod sweep_cmd;
+mod table;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -74,6 +75,13 @@ pub struct Cli {
     /// Use the cases of the --cases directories instead of the suite's own.
     #[arg(long, global = true)]
     pub replace_cases: bool,
+    /// Keep every table cell whole (by default a table printed to a terminal is fitted
+    /// to its width, cells cut with `…`).
+    #[arg(long, global = true)]
+    pub wide: bool,
+    /// Fit tables to N columns, terminal or not.
+    #[arg(long, global = true, value_name = "N", conflicts_with = "wide")]
+    pub width: Option<usize>,
     /// Where the cases of --cases keep their golden files (default: DIR/golden of the
     /// first --cases DIR); the suite's own cases keep theirs in this checkout's golden/.
     #[arg(long, global = true, value_name = "DIR")]
@@ -145,27 +153,10 @@ pub enum Command {
     },
 }
 
-/// Prints a header and rows as left-aligned columns two spaces apart (no trailing blanks).
+/// Prints a header and rows as left-aligned columns two spaces apart (no trailing
+/// blanks), fitted to the terminal's width unless `--wide` ([`table`]).
 pub fn print_aligned<const N: usize>(head: [&str; N], rows: &[[String; N]]) {
-    let mut w = head.map(|h| h.chars().count());
-    for r in rows {
-        for (k, c) in r.iter().enumerate() {
-            w[k] = w[k].max(c.chars().count());
-        }
-    }
-    let line = |r: &[String]| {
-        r.iter()
-            .enumerate()
-            .map(|(k, c)| format!("{c:<width$}", width = w[k]))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_string()
-    };
-    println!("{}", line(&head.map(String::from)));
-    for r in rows {
-        println!("{}", line(r));
-    }
+    table::print(head, rows)
 }
 
 /// Ends the process on a command-line error: help and version as clap prints them, any
@@ -236,6 +227,7 @@ pub fn load_matrix(sources: &CaseSources) -> Result<(Matrix, GoldenDirs)> {
 
 /// Runs the parsed command.
 pub fn dispatch(cli: Cli) -> Result<()> {
+    table::set_policy(cli.wide, cli.width);
     let sources = case_sources(&cli);
     let (matrix, golden) = load_matrix(&sources)?;
     match cli.command {
