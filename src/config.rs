@@ -461,8 +461,16 @@ impl Config {
         Ok(c)
     }
 
-    /// Reads a file.
+    /// Reads a file, and checks that every path it names exists.
     pub fn load(path: &Path) -> Result<Config> {
+        let c = Config::load_unchecked(path)?;
+        c.backends.check_paths(&c.origin)?;
+        Ok(c)
+    }
+
+    /// Reads a file (paths resolved against its directory) without checking that the
+    /// plugins, interpreters and `pythonpath` entries it names exist here.
+    pub fn load_unchecked(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config {}", path.display()))?;
         let mut c = Config::parse(&text, &path.display().to_string())?;
@@ -473,7 +481,6 @@ impl Config {
             base
         };
         c.backends.resolve_paths(&base);
-        c.backends.check_paths(&c.origin)?;
         Ok(c)
     }
 

@@ -267,6 +267,18 @@ impl Plan {
         Plan::build_inner(matrix, suite, config, required, false, false, true)
     }
 
+    /// [`Plan::build`] without asking any backend to check its implementations (nothing
+    /// is imported): `grpo-suite run --list --load-only`, which lists a configuration
+    /// whose environments (a user's venv, a checkout) are not on this machine.
+    pub fn build_load_only(
+        matrix: &Matrix,
+        suite: Suite,
+        config: &Config,
+        required: &[String],
+    ) -> Result<Plan> {
+        Plan::build_inner(matrix, suite, config, required, false, false, true)
+    }
+
     fn build_inner(
         matrix: &Matrix,
         suite: Suite,

@@ -2080,3 +2080,65 @@ fn the_run_table_fits_the_terminal_width_unless_wide() {
     assert!(wide.iter().any(|l| l.chars().count() > 100), "{wide:#?}");
     assert!(!wide.iter().any(|l| l.contains('…')), "{wide:#?}");
 }
+
+#[test]
+fn every_example_config_loads_and_lists_against_this_suite() {
+    // The examples' environments (a tokamax venv, an MLLM-JAX checkout) are not here:
+    // --load-only lists without them, so a config that no longer loads (an unknown key, an
+    // expected failure that matches no trial of the matrix any more) fails command 2.
+    let mut configs: Vec<std::path::PathBuf> = std::fs::read_dir(repo_root().join("examples"))
+        .unwrap()
+        .flat_map(|d| std::fs::read_dir(d.unwrap().path()).into_iter().flatten())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    configs.sort();
+    assert!(configs.len() >= 5, "{configs:?}");
+    for cfg in &configs {
+        for tier in ["ci", "nightly"] {
+            let path = cfg.display().to_string();
+            let o = suite(&[
+                "run",
+                "--suite",
+                tier,
+                "--list",
+                "--load-only",
+                "--config",
+                &path,
+            ]);
+            assert!(
+                o.status.success(),
+                "{} ({tier}): {}",
+                cfg.display(),
+                stderr(&o)
+            );
+            assert!(
+                String::from_utf8_lossy(&o.stdout).lines().count() > 0,
+                "{}",
+                cfg.display()
+            );
+        }
+    }
+    // A stale expected failure is refused at load, in one line.
+    let dir = tempfile::tempdir().unwrap();
+    let stale = dir.path().join("stale.yaml");
+    let text = std::fs::read_to_string(repo_root().join("examples/external_kernel/grpo.yaml"))
+        .unwrap()
+        .replace(
+            "pythonpath: [.]",
+            &format!("pythonpath: [{}]", repo_root().join("examples/external_kernel").display()),
+        )
+        + "expected_failures:\n  - {implementation: ext_ce, backend: pjrt-cpu, cases: \"fused/f32/no_such_case/*\", reason: r}\n";
+    std::fs::write(&stale, text).unwrap();
+    let o = suite(&[
+        "run",
+        "--suite",
+        "ci",
+        "--list",
+        "--load-only",
+        "--config",
+        stale.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(stderr(&o).trim().lines().count(), 1, "{}", stderr(&o));
+}

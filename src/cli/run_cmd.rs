@@ -60,6 +60,12 @@ pub struct RunArgs {
     /// Print the selected trial names and exit (nothing is exported or run).
     #[arg(long)]
     pub list: bool,
+    /// With --list: load the configuration without its environments (no plugin,
+    /// interpreter or pythonpath checked, no implementation imported; backends that do
+    /// not open are listed as unavailable): checks that a config, an example's say, still
+    /// loads against this suite.
+    #[arg(long, requires = "list")]
+    pub load_only: bool,
     /// Skip the trials this record file already has and append the rest to it.
     #[arg(long, value_name = "RECORDS")]
     pub resume: Option<PathBuf>,
@@ -87,6 +93,19 @@ fn fmt_s(s: Option<f64>) -> String {
 const START: &str = "@@grpo-start ";
 const DONE: &str = "@@grpo-done ";
 
+/// `--list`: the selected trial names; none is "nothing would be checked".
+fn print_list(plan: &Plan, suite: Suite) -> Result<()> {
+    if plan.trials.is_empty() {
+        return Err(super::Ended::nothing_checked(format!(
+            "no trial of suite {suite} matches the selection: nothing would be checked"
+        )));
+    }
+    for n in plan.names() {
+        println!("{n}");
+    }
+    Ok(())
+}
+
 /// Runs the trials.
 pub fn run(
     matrix: &Matrix,
@@ -95,7 +114,11 @@ pub fn run(
     args: RunArgs,
 ) -> Result<()> {
     let config_path = Config::path_for(args.config.as_deref(), args.suite)?;
-    let config = Config::load(&config_path)?;
+    let config = if args.load_only {
+        Config::load_unchecked(&config_path)?
+    } else {
+        Config::load(&config_path)?
+    };
     let known = config.backends.names();
     for b in &args.backends {
         if !known.contains(b) {
@@ -117,6 +140,8 @@ pub fn run(
         )?
     } else if args.worker.is_some() {
         Plan::build_for_worker(matrix, args.suite, &config, &required)?
+    } else if args.load_only {
+        Plan::build_load_only(matrix, args.suite, &config, &required)?
     } else {
         Plan::build(matrix, args.suite, &config, &required, false)?
     };
@@ -147,22 +172,17 @@ pub fn run(
         warmup: args.warmup.unwrap_or(config.warmup),
         repeats: args.repeats.unwrap_or(config.repeats),
     };
+    if args.list && args.load_only {
+        // Before the run identity, which hashes the entries' sources on this machine.
+        return print_list(&plan, args.suite);
+    }
     let identity = RunIdentity::of(args.suite.name(), &config_path, &config)?;
     if let Some(file) = &args.worker {
         return worker(plan, file, &args, &opts, identity);
     }
     refuse_unblessed_user_cases(&plan, sources, args.suite)?;
-    if plan.trials.is_empty() {
-        return Err(super::Ended::nothing_checked(format!(
-            "no trial of suite {} matches the selection: nothing would be checked",
-            args.suite
-        )));
-    }
-    if args.list {
-        for n in plan.names() {
-            println!("{n}");
-        }
-        return Ok(());
+    if plan.trials.is_empty() || args.list {
+        return print_list(&plan, args.suite);
     }
     for u in &plan.unavailable {
         eprintln!("note: backend {} unavailable: {}", u.name, u.reason);
