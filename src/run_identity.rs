@@ -313,4 +313,64 @@ mod tests {
         let suite_impl = crate::config::ImplEntry::Id("jax_baseline".into()).resolved();
         assert_eq!(code_digest(&suite_impl, "pkg"), "pkg");
     }
+
+    #[test]
+    fn hidden_and_pycache_directories_are_not_sources() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("pkg")).unwrap();
+        std::fs::write(d.path().join("pkg/k.py"), "x = 1\n").unwrap();
+        let dirs = [d.path().to_path_buf()];
+        let a = python_sources_digest(&dirs);
+        for skipped in ["pkg/__pycache__", ".hidden"] {
+            std::fs::create_dir_all(d.path().join(skipped)).unwrap();
+            std::fs::write(d.path().join(skipped).join("y.py"), "y = 1\n").unwrap();
+            assert_eq!(a, python_sources_digest(&dirs), "{skipped}");
+        }
+        std::fs::create_dir_all(d.path().join("pkg/sub")).unwrap();
+        std::fs::write(d.path().join("pkg/sub/z.py"), "z = 1\n").unwrap();
+        assert_ne!(a, python_sources_digest(&dirs), "a subpackage is a source");
+    }
+
+    #[test]
+    fn one_name_on_two_backends_with_other_code_keeps_both_digests() {
+        let d = tempfile::tempdir().unwrap();
+        for (dir, text) in [("a", "x = 1\n"), ("b", "x = 2\n")] {
+            std::fs::create_dir_all(d.path().join(dir)).unwrap();
+            std::fs::write(d.path().join(dir).join("k.py"), text).unwrap();
+        }
+        let digests = |cpu_dir: &str, aot_dir: &str| {
+            let text = format!(
+                "backends:\n  pjrt-cpu:\n    implementations:\n      - {{id: 'k:IMPL', name: k, pythonpath: [{cpu_dir}]}}\n  tpu-aot:\n    topologies: [v6e:2x2]\n    implementations:\n      - {{id: 'k:IMPL', name: k, pythonpath: [{aot_dir}]}}\n"
+            );
+            let path = d.path().join("c.yaml");
+            std::fs::write(&path, text).unwrap();
+            let config = Config::load_unchecked(&path).unwrap();
+            RunIdentity::of("ci", &path, &config).unwrap().code["k"].clone()
+        };
+        let same = digests("a", "a");
+        assert!(!same.contains('+'), "{same}");
+        let both = digests("a", "b");
+        assert!(both.starts_with(&format!("{same}+")), "{both} after {same}");
+    }
+
+    #[test]
+    fn read_gives_each_complete_line_with_its_number() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("r.jsonl");
+        std::fs::write(
+            &p,
+            "{\"name\":\"a\",\"suite\":\"ci\"}\nnot json\n{\"name\":\"b\"}\n{\"name\":\"c\"",
+        )
+        .unwrap();
+        let got: Vec<(usize, String, Option<String>)> = read(&p)
+            .unwrap()
+            .into_iter()
+            .map(|(k, r)| (k, r.name, r.suite))
+            .collect();
+        assert_eq!(
+            got,
+            [(1, "a".into(), Some("ci".into())), (3, "b".into(), None)]
+        );
+        assert!(read(&d.path().join("missing.jsonl")).is_err());
+    }
 }

@@ -281,6 +281,10 @@ mod tests {
             "v5e"
         );
         assert_eq!(generation_of_device_kind("TPU7x").unwrap().name, "tpu7x");
+        // Either spelling of the seventh generation names it on its own.
+        for kind in ["TPU v7x", "tpu7"] {
+            assert_eq!(generation_of_device_kind(kind).unwrap().name, "tpu7x", "{kind}");
+        }
         assert!(generation_of_device_kind("cpu").is_none());
         // GPU names are no TPU topology.
         for gpu in ["h100", "h200:1", "a100", "H100"] {
@@ -313,6 +317,9 @@ mod tests {
             "NVIDIA GH200 480GB",
             "NVIDIA GeForce RTX 4090",
             "H100",
+            // An H100 that names neither SXM nor the SXM5's 80GB HBM3: no guess.
+            "NVIDIA H100",
+            "NVIDIA H100 96GB HBM3",
         ] {
             assert!(generation_of_device_kind(kind).is_none(), "{kind}");
         }
