@@ -283,7 +283,11 @@ mod tests {
         assert_eq!(generation_of_device_kind("TPU7x").unwrap().name, "tpu7x");
         // Either spelling of the seventh generation names it on its own.
         for kind in ["TPU v7x", "tpu7"] {
-            assert_eq!(generation_of_device_kind(kind).unwrap().name, "tpu7x", "{kind}");
+            assert_eq!(
+                generation_of_device_kind(kind).unwrap().name,
+                "tpu7x",
+                "{kind}"
+            );
         }
         assert!(generation_of_device_kind("cpu").is_none());
         // GPU names are no TPU topology.
