@@ -271,7 +271,7 @@ fn a_step_count_beyond_memory_is_refused_at_load_with_the_estimate() {
 /// the should-fail biased dlm_head against the honest loop, SGD on the ci f32 problem,
 /// over lr and init_std. `cargo test --release --lib trajectory_parameter_scan -- --ignored --nocapture`.
 #[test]
-#[ignore]
+#[ignore = "measurement for docs/trajectory.md, \"Parameter ranges\" (minutes); prints the lr × init_std grid"]
 fn trajectory_parameter_scan() {
     let case = smoke_case("f32");
     let base = spec_of(&case, Optimizer::Sgd);
