@@ -32,7 +32,7 @@ pub struct BenchArgs {
     /// trial's: list the lighter implementations first.
     #[arg(long = "impl")]
     pub implementations: Option<String>,
-    /// Run configuration (default: GRPO_CONFIG, else configs/default.yaml).
+    /// Run configuration (default: GRPO_CONFIG, else configs/default.yaml, as `run`).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Timed executions per implementation and case.
@@ -82,12 +82,7 @@ pub fn run(matrix: &Matrix, args: BenchArgs) -> Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1 (a bench with no timed run measures nothing)");
     }
-    let config_path = args.config.clone().unwrap_or_else(|| {
-        grpo_conformance::env::config()
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| grpo_conformance::repo_root().join("configs/default.yaml"))
-    });
+    let config_path = Config::path_for(args.config.as_deref(), grpo_conformance::cases::Suite::Ci)?;
     let config = Config::load(&config_path)?;
     let cases: Vec<&Case> = matrix
         .cases
