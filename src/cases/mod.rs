@@ -173,9 +173,10 @@ impl Case {
     ///   per token row in flight (one per thread, at most one per row) three f64 rows of V
     ///   (the oracle's exponentials and dlogits row, the gates' (value, scale) row).
     /// - Fused level: f32 hidden and lm_head, the oracle's f64 dhidden and dlm_head, f32
-    ///   outputs of both (16 bytes per element), plus the oracle's f64 rows of V: the
-    ///   gradient blocks' 64 rows, or the forward pass's 16 logits rows per thread, whichever
-    ///   is more, and the three per row in flight as at the logits level.
+    ///   outputs of both (16 bytes per element); the oracle's f64 copy of hidden (8 bytes
+    ///   per hidden element), its widened tile of lm_head ([H, VT] f64) and its tile of
+    ///   logits ([min(rows, ROW_GROUP), VT] f64, see `oracle::fused`); and the three f64
+    ///   rows of V per row in flight as at the logits level.
     /// - Per-token vectors of inputs, oracle and outputs: 64 bytes per token.
     pub fn host_bytes_needed_with(&self, threads: usize) -> Option<u64> {
         let s = &self.shape;
@@ -183,15 +184,22 @@ impl Case {
         let rows = (s.b as u64).checked_mul(s.t as u64)?;
         let small = rows.checked_mul(64)?;
         let in_flight = rows.min(threads.max(1) as u64);
-        let mut rows_of_v = in_flight.checked_mul(3)?;
+        let rows_of_v = in_flight.checked_mul(3)?;
         let big = match self.level {
             Level::Logits => rows.checked_mul(v)?.checked_mul(8)?,
             Level::Fused => {
                 let h = s.h.unwrap_or(0) as u64;
-                let elems = rows.checked_mul(h)?.checked_add(h.checked_mul(v)?)?;
-                let forward = rows.div_ceil(16).min(threads.max(1) as u64) * rows.min(16);
-                rows_of_v = rows_of_v.checked_add(forward.max(64))?;
-                elems.checked_mul(4 + 8 + 4)?
+                let hid = rows.checked_mul(h)?;
+                let elems = hid.checked_add(h.checked_mul(v)?)?;
+                let (vt, group) = (
+                    crate::oracle::FUSED_TILE as u64,
+                    crate::oracle::FUSED_ROW_GROUP as u64,
+                );
+                let tiles = h.checked_add(rows.min(group))?.checked_mul(vt.min(v))?;
+                elems
+                    .checked_mul(4 + 8 + 4)?
+                    .checked_add(hid.checked_mul(8)?)?
+                    .checked_add(tiles.checked_mul(8)?)?
             }
         };
         big.checked_add(rows_of_v.checked_mul(v)?.checked_mul(8)?)?
@@ -365,6 +373,20 @@ mod tests {
             need >= 24 * v,
             "counts {need} bytes, less than 24·V = {}",
             24 * v
+        );
+    }
+
+    #[test]
+    fn host_bytes_needed_counts_the_fused_oracle_copies_and_tiles() {
+        // The seeds' shape: 16 bytes per input element, 8 more per hidden element (the
+        // oracle's f64 copy), and the f64 tiles [H, 2048] and [4096, 2048].
+        let c = parse_fixed("level: fused, b: 1, t: 8192, h: 4096, v: 151936").unwrap();
+        let (rows, h, v) = (8192u64, 4096u64, 151936u64);
+        let want = 16 * (rows * h + h * v) + 8 * rows * h + 8 * (h + 4096) * 2048;
+        let need = c.host_bytes_needed_with(1).unwrap();
+        assert!(
+            need >= want && need < want + (1 << 20) + 3 * 8 * v,
+            "counts {need} bytes, not {want} plus per-token vectors and one row in flight"
         );
     }
 }

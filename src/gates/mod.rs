@@ -6,6 +6,7 @@
 //! otherwise). Rows whose ratio sits within `oracle::EDGE_BAND` of a branch edge accept
 //! either branch's gradient.
 
+mod fused_branch;
 pub mod invariance;
 pub mod tiers;
 
@@ -395,16 +396,21 @@ pub fn judge(case: &Case, inputs: &Inputs, oracle: &Oracle, got: &Outputs) -> Ve
             OutputName::Dhidden | OutputName::DlmHead => {
                 // Computed once per oracle (so once per prepared case), shared by every trial.
                 let g = oracle.fused_grads(case, inputs);
-                let want = if name == OutputName::Dhidden {
-                    &g.dhidden
+                let branches = oracle.fused_branch_rows(case, inputs);
+                let (h, v) = (case.shape.h.unwrap_or(0), case.shape.v);
+                let (acc, moved) = if name == OutputName::Dhidden {
+                    fused_branch::dhidden(&t.data, &g.dhidden, h, branches)
                 } else {
-                    &g.dlm_head
+                    fused_branch::dlm_head(&t.data, &g.dlm_head, h, v, inputs, branches)
                 };
-                let mut acc = Acc::default();
-                for (i, (&x, &w)) in t.data.iter().zip(want.iter()).enumerate() {
-                    acc.add(i, x, w, 0.0, 0.0);
+                let mut report = acc.report(name, &shape, tol, tier);
+                if moved > 0 {
+                    report.message += &format!(
+                        " ({moved} of {} token rows at a clip edge judged on their other branch)",
+                        branches.len()
+                    );
                 }
-                acc.report(name, &shape, tol, tier)
+                report
             }
         };
         reports.push(report);

@@ -8,6 +8,10 @@ mod fused;
 pub mod row;
 
 pub use fused::FusedGrads;
+/// Vocabulary columns per tile of the fused level's products (host memory counts).
+pub const FUSED_TILE: usize = fused::VT;
+/// Token rows per product of the fused level (host memory counts).
+pub const FUSED_ROW_GROUP: usize = fused::ROW_GROUP;
 
 use crate::cases::Case;
 use crate::inputs::Inputs;
@@ -96,25 +100,8 @@ pub fn forward(case: &Case, inputs: &Inputs, chunk: usize) -> TokenStats {
                 row::forward(z, inputs.chosen_ids[r] as usize, inv_tau, chunk)
             })
             .collect(),
-        // A block of rows' logits at a time (lm_head read once per block), the same bits
-        // as `fused_logits_row` row by row.
-        Level::Fused => (0..rows)
-            .step_by(fused::LOGITS_ROWS)
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .map_init(Vec::new, |buf: &mut Vec<f64>, r0| {
-                let n = fused::LOGITS_ROWS.min(rows - r0);
-                buf.resize(n * v, 0.0);
-                fused::logits_rows(case, inputs, r0, buf);
-                buf.chunks(v)
-                    .enumerate()
-                    .map(|(i, z)| {
-                        row::forward(z, inputs.chosen_ids[r0 + i] as usize, inv_tau, chunk)
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .flatten()
-            .collect(),
+        // A tile of every row's logits at a time, as dense f64 products.
+        Level::Fused => fused::forward(case, inputs, chunk),
     };
     TokenStats::from_rows(&per_row)
 }
@@ -151,6 +138,25 @@ pub struct Oracle {
     pub scale_loss: Vec<f64>,
     /// Fused level: the gradients, once computed ([`Oracle::fused_grads`]).
     fused: OnceLock<FusedGrads>,
+    /// Fused level: the rows near a branch edge, once computed ([`Oracle::fused_branch_rows`]).
+    fused_branches: OnceLock<Vec<BranchRow>>,
+}
+
+/// A token row whose ratio lies within [`EDGE_BAND`] of a branch edge, at the fused
+/// level: an f32 kernel may take the other branch there, which changes the row's
+/// ∂loss/∂logp from g to g_alt and so its share of dhidden and dlm_head. dlogits row r is
+/// g·u (u below), so the other branch adds `delta`·u to it, `delta`·a to dhidden row r and
+/// `delta`·hidden[r] ⊗ u to dlm_head.
+#[derive(Debug, Clone)]
+pub struct BranchRow {
+    /// The token row.
+    pub row: usize,
+    /// g_alt − g.
+    pub delta: f64,
+    /// dlogits row r per unit of ∂loss/∂logp: (1[v = y] − p_v)/τ, [V].
+    pub u: Vec<f64>,
+    /// u @ lm_headᵀ, [H]: dhidden row r per unit of ∂loss/∂logp.
+    pub a: Vec<f64>,
 }
 
 fn unclipped(r: f64, a: f64, k: &crate::spec::Knobs) -> bool {
@@ -448,6 +454,7 @@ impl Oracle {
             weight,
             stats,
             fused: OnceLock::new(),
+            fused_branches: OnceLock::new(),
         };
         for (i, t) in terms.iter().enumerate() {
             out.per_token_loss.push(t.loss);
@@ -644,6 +651,35 @@ impl Oracle {
     /// The fused gradients if [`Oracle::fused_grads`] has computed them.
     pub fn fused_grads_cached(&self) -> Option<&FusedGrads> {
         self.fused.get()
+    }
+
+    /// Fused level: every row with another branch in reach (`g_alt` set and different
+    /// from g), with what that branch would add to the gradients ([`BranchRow`]);
+    /// computed on the first call (one logits row and one lm_head pass per such row) and
+    /// kept with the oracle, as [`Oracle::fused_grads`].
+    pub fn fused_branch_rows(&self, case: &Case, inputs: &Inputs) -> &[BranchRow] {
+        self.fused_branches.get_or_init(|| {
+            let (h, v) = (case.shape.h.unwrap_or(0), case.shape.v);
+            (0..case.shape.rows())
+                .filter_map(|r| {
+                    let alt = self.g_alt[r]?;
+                    (alt != self.g[r]).then_some((r, alt - self.g[r]))
+                })
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .map(|(r, delta)| {
+                    let mut u = vec![0f64; v];
+                    self.dlogits_row(case, inputs, r, 1.0, |j, x, _| u[j] = x);
+                    let a = (0..h)
+                        .map(|k| {
+                            let w = &inputs.lm_head[k * v..(k + 1) * v];
+                            w.iter().zip(&u).map(|(&w, &u)| w as f64 * u).sum()
+                        })
+                        .collect();
+                    BranchRow { row: r, delta, u, a }
+                })
+                .collect()
+        })
     }
 }
 

@@ -309,16 +309,64 @@ fn forward_impl<T: Copy + Into<f64> + PartialOrd, K: Keep>(
     keep: &mut K,
 ) -> RowStats {
     let chunk = chunk.max(1);
-    let mut m = f64::NEG_INFINITY; // running max
-                                   // Per-lane partial sums (all lanes share the running max m).
-                                   // The elements at the running max (e^0 = 1 exactly) are counted apart from the rest:
-                                   // a peaked row's entropy is ≈ Σ_rest, which adding it to 1 would round away.
-    let mut n = [0.0f64; LANES]; // #{s = m}
-    let mut l = [0.0f64; LANES]; // Σ e^{s−m} over s < m
-    let mut w = [0.0f64; LANES]; // Σ e^{s−m}(s−m)
-    let mut abs_max: f64 = 0.0;
+    let mut st = Online::new();
     for (ti, tile) in z.chunks(chunk).enumerate() {
         let base = ti * chunk;
+        let next = (base + chunk < z.len()).then(|| z[base + chunk..].as_ptr());
+        st.tile(tile, base, next, inv_tau, keep);
+    }
+    st.finish(z[y].into() * inv_tau, keep)
+}
+
+/// The running state of the online logsumexp between vocabulary tiles: [`forward`] feeds
+/// a row's tiles in order to one of these, and so does the fused level's oracle, which
+/// forms its logits a tile of every row at a time ([`forward_tile`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Online {
+    /// Running max of s.
+    m: f64,
+    /// Per-lane #{s = m}. The elements at the running max (e^0 = 1 exactly) are counted
+    /// apart from the rest: a peaked row's entropy is ≈ Σ_rest, which adding it to 1
+    /// would round away.
+    n: [f64; LANES],
+    /// Per-lane Σ e^{s−m} over s < m (all lanes share the running max m).
+    l: [f64; LANES],
+    /// Per-lane Σ e^{s−m}(s−m).
+    w: [f64; LANES],
+    /// max |s| so far.
+    abs_max: f64,
+}
+
+impl Online {
+    /// Nothing read yet.
+    pub(crate) fn new() -> Online {
+        Online {
+            m: f64::NEG_INFINITY,
+            n: [0.0; LANES],
+            l: [0.0; LANES],
+            w: [0.0; LANES],
+            abs_max: 0.0,
+        }
+    }
+
+    /// Reads the next tile of the row (its elements start at `base`); `next`, when given,
+    /// is the tile after it, prefetched while this one is computed.
+    #[inline(always)]
+    fn tile<T: Copy + Into<f64> + PartialOrd, K: Keep>(
+        &mut self,
+        tile: &[T],
+        base: usize,
+        next: Option<*const T>,
+        inv_tau: f64,
+        keep: &mut K,
+    ) {
+        let Online {
+            m,
+            n,
+            l,
+            w,
+            abs_max,
+        } = self;
         // Tile max and min of z (in z's own type: the widest vectors), then of s = z/τ
         // (exact: x ↦ x·(1/τ) is monotonic, so max s = (max z)/τ as rounded per element).
         let mut hi = [tile[0]; LANES];
@@ -339,10 +387,10 @@ fn forward_impl<T: Copy + Into<f64> + PartialOrd, K: Keep>(
             cm = cm.max(s);
             cmin = cmin.min(s);
         }
-        abs_max = abs_max.max(cm).max(-cmin);
-        if cm > m {
-            if m > f64::NEG_INFINITY {
-                let d = m - cm;
+        *abs_max = abs_max.max(cm).max(-cmin);
+        if cm > *m {
+            if *m > f64::NEG_INFINITY {
+                let d = *m - cm;
                 let f = exp(d);
                 for j in 0..LANES {
                     let t = l[j] + n[j];
@@ -351,12 +399,12 @@ fn forward_impl<T: Copy + Into<f64> + PartialOrd, K: Keep>(
                     n[j] = 0.0;
                 }
             }
-            m = cm;
+            *m = cm;
         }
+        let m = *m;
         keep.tile(m);
         // The next tile, fetched into cache while this one is computed (its max pass would
         // otherwise wait on memory): one prefetch per cache line, a tile ahead.
-        let next = (base + chunk < z.len()).then(|| z[base + chunk..].as_ptr());
         let mut lanes = tile.chunks_exact(LANES);
         let mut at = base;
         for c in &mut lanes {
@@ -386,23 +434,92 @@ fn forward_impl<T: Copy + Into<f64> + PartialOrd, K: Keep>(
             w[j] = e.mul_add(u, w[j]);
         }
     }
-    let (n, l, w) = (sum_lanes(&n), sum_lanes(&l), sum_lanes(&w));
-    let total = n + l; // Σ e^{s−m}
-    keep.done(m, total);
-    // ln Σ e^{s−m} = ln n + ln(1 + l/n), accurate when l ≪ n (then entropy ≈ l/n − w/Σ,
-    // two positive terms: no cancellation).
-    let ln_total = if n > 0.0 {
-        n.ln() + (l / n).ln_1p()
-    } else {
-        total.ln()
-    };
-    let lse = m + ln_total;
-    RowStats {
-        lse,
-        // (s_y − m) − ln Σ rather than s_y − lse: exact when y is the max and p_y ≈ 1.
-        logp: (z[y].into() * inv_tau - m) - ln_total,
-        entropy: ln_total - w / total,
-        abs_max,
+
+    /// The row's statistics once every tile was read; `s_y` = z_y/τ (the chosen token's).
+    #[inline(always)]
+    fn finish<K: Keep>(&self, s_y: f64, keep: &mut K) -> RowStats {
+        let m = self.m;
+        let (n, l, w) = (sum_lanes(&self.n), sum_lanes(&self.l), sum_lanes(&self.w));
+        let total = n + l; // Σ e^{s−m}
+        keep.done(m, total);
+        // ln Σ e^{s−m} = ln n + ln(1 + l/n), accurate when l ≪ n (then entropy ≈ l/n − w/Σ,
+        // two positive terms: no cancellation).
+        let ln_total = if n > 0.0 {
+            n.ln() + (l / n).ln_1p()
+        } else {
+            total.ln()
+        };
+        RowStats {
+            lse: m + ln_total,
+            // (s_y − m) − ln Σ rather than s_y − lse: exact when y is the max and p_y ≈ 1.
+            logp: (s_y - m) - ln_total,
+            entropy: ln_total - w / total,
+            abs_max: self.abs_max,
+        }
+    }
+
+    /// The row's statistics (see [`Online::finish`]), for the fused level's oracle.
+    pub(crate) fn stats(&self, s_y: f64) -> RowStats {
+        self.finish(s_y, &mut ())
+    }
+}
+
+/// Feeds one tile of a row's f64 logits to its running state (dispatched like
+/// [`forward`]): a row's tiles fed in order, each [`super::DEFAULT_CHUNK`] long but the
+/// last, give bit for bit what [`forward`] gives for the whole row.
+pub(crate) fn forward_tile(st: &mut Online, tile: &[f64], inv_tau: f64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd::avx512() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { simd::forward_tile_avx512(st, tile, inv_tau) };
+        }
+        if simd::avx2() {
+            // SAFETY: as above.
+            return unsafe { simd::forward_tile_avx2(st, tile, inv_tau) };
+        }
+    }
+    forward_tile_impl(st, tile, inv_tau)
+}
+
+#[inline(always)]
+fn forward_tile_impl(st: &mut Online, tile: &[f64], inv_tau: f64) {
+    st.tile(tile, 0, None, inv_tau, &mut ())
+}
+
+/// One tile of a row, its logits z in, its dlogits out, in place:
+/// d_j = c·(1[j = y] − e^{s_j − lse}) with c = g/τ and s = z/τ, `y` the chosen token's
+/// index in the tile if it is there. The values of [`gradient`] for these elements, bit
+/// for bit.
+pub(crate) fn gradient_tile(zd: &mut [f64], y: Option<usize>, inv_tau: f64, lse: f64, c: f64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd::avx512() {
+            // SAFETY: the CPU has the features the function is compiled for.
+            return unsafe { simd::gradient_tile_avx512(zd, y, inv_tau, lse, c) };
+        }
+        if simd::avx2() {
+            // SAFETY: as above.
+            return unsafe { simd::gradient_tile_avx2(zd, y, inv_tau, lse, c) };
+        }
+    }
+    gradient_tile_impl(zd, y, inv_tau, lse, c)
+}
+
+#[inline(always)]
+fn gradient_tile_impl(zd: &mut [f64], y: Option<usize>, inv_tau: f64, lse: f64, c: f64) {
+    let chosen = y.map(|y| (y, c * (1.0 - exp(zd[y] * inv_tau - lse))));
+    let mut lanes = zd.chunks_exact_mut(LANES);
+    for x in &mut lanes {
+        for x in x.iter_mut() {
+            *x = c * (0.0 - exp(*x * inv_tau - lse));
+        }
+    }
+    for x in lanes.into_remainder() {
+        *x = c * (0.0 - exp(*x * inv_tau - lse));
+    }
+    if let Some((y, d)) = chosen {
+        zd[y] = d;
     }
 }
 
@@ -510,8 +627,8 @@ fn gradient_impl<T: Copy + Into<f64>>(
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::{
-        forward_impl, grad_chosen, grad_other, gradient_from_exp_impl, gradient_impl, ExpRow, Keep,
-        RowStats,
+        forward_impl, forward_tile_impl, grad_chosen, grad_other, gradient_from_exp_impl,
+        gradient_impl, gradient_tile_impl, ExpRow, Keep, Online, RowStats,
     };
 
     pub fn avx512() -> bool {
@@ -550,6 +667,9 @@ mod simd {
             (keep: &ExpRow, k: &[f64], y: usize, c: f64, out: &mut [f32], conv: impl Fn(f64) -> f32) => gradient_from_exp_stream;
         gradient_avx512, gradient_avx2 [T: Copy + Into<f64>]
             (z: &[T], y: usize, inv_tau: f64, lse: f64, g: f64, put: impl FnMut(usize, f64, f64)) => gradient_impl;
+        forward_tile_avx512, forward_tile_avx2 [] (st: &mut Online, tile: &[f64], inv_tau: f64) => forward_tile_impl;
+        gradient_tile_avx512, gradient_tile_avx2 []
+            (zd: &mut [f64], y: Option<usize>, inv_tau: f64, lse: f64, c: f64) => gradient_tile_impl;
     }
 
     /// `gradient_from_exp_impl` with 32-byte non-temporal stores (needs AVX).

@@ -355,6 +355,38 @@ pub fn too_few_devices(n: usize, have: usize, profile: Profile, platform_label: 
     }
 }
 
+/// On the CPU plugin device memory is host memory, shared with the suite's own inputs
+/// and oracle: a compiled module whose arguments, outputs and temporaries (per device,
+/// times `n` devices) need more than the tightest bound on what this process can still
+/// allocate is not applicable here (rather than swapping or being killed).
+fn host_memory_refusal(exe: &grpo_pjrt::Executable, n: usize) -> Option<String> {
+    let s = exe.compiled_memory_stats().ok().flatten()?;
+    let per_device = [
+        s.argument_size_in_bytes,
+        s.output_size_in_bytes,
+        s.temp_size_in_bytes,
+        -s.alias_size_in_bytes,
+    ]
+    .iter()
+    .sum::<i64>()
+    .max(0) as u64;
+    let need = per_device * n as u64;
+    let free = crate::host_memory::tightest(crate::host_memory::headrooms())?;
+    (need > free.free).then(|| host_memory_message(need, n, &free))
+}
+
+/// The refusal of a compiled module needing `need` bytes on `n` CPU devices under `free`.
+fn host_memory_message(need: u64, n: usize, free: &crate::host_memory::Headroom) -> String {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    format!(
+        "{}the compiled module needs {:.1} GiB of host memory on {n} CPU device(s) (arguments, outputs and XLA's temporaries), more than the {:.1} GiB free under {}; a machine with more memory, or an accelerator, runs it",
+        crate::runner::NOT_APPLICABLE,
+        gib(need),
+        gib(free.free),
+        free.source
+    )
+}
+
 /// `mem` with the device allocator's figures around one job (`PJRT_Device_MemoryStats`
 /// of the first device, before the arguments were uploaded and after the timed runs):
 /// the bytes in use before, and the peak when the job raised it (the allocator's peak
@@ -412,6 +444,11 @@ fn run_job(
         cache.insert(m.key.clone(), exe);
     }
     let exe = &cache[&m.key];
+    if profile.device_is_host() {
+        if let Some(why) = host_memory_refusal(exe.executable(), n) {
+            bail!("{why}");
+        }
+    }
     // After the compile (its autotuning allocates and frees device memory of its own):
     // the peak below is the arguments', the runs' temporaries and the outputs'.
     let before = devices

@@ -32,11 +32,11 @@ pub enum Mutation {
     /// Tier sentinel: dlogits 20× the standard f32 gradient bound (1e-4) too large, on f32
     /// cases only.
     DlogitsF32Off20xTier,
-    /// Tier sentinel: dlogits 20× the standard f16 gradient bound (2e-3) too large, on f16
-    /// cases only.
+    /// Tier sentinel: dlogits 20× the standard f16 gradient bound (norm-wise one f16
+    /// rounding plus the f32 tier, 2^-11 + (1 + 2^-11)·1e-4) too large, on f16 cases only.
     DlogitsF16Off20xTier,
-    /// Tier sentinel: dlogits 20× the standard bf16 gradient bound (8e-3) too large, on
-    /// bf16 cases only.
+    /// Tier sentinel: dlogits 20× the standard bf16 gradient bound (norm-wise one bf16
+    /// rounding plus the f32 tier, 2^-8 + (1 + 2^-8)·1e-4) too large, on bf16 cases only.
     DlogitsBf16Off20xTier,
     /// Invariance sentinel: on multi-device cases only, the loss, per-token logp and
     /// entropy 20× the invariance bound (the standard f32 bound, 1e-5) off the one-device
@@ -88,8 +88,8 @@ impl Mutation {
             Mutation::LossOff20xTier => Some((&[Loss], 20.0 * 1e-5)),
             Mutation::PerTokenOff20xTier => Some((&[PerTokenLogp, Entropy], 20.0 * 1e-5)),
             Mutation::DlogitsF32Off20xTier => dl(crate::spec::DType::F32, 20.0 * 1e-4),
-            Mutation::DlogitsF16Off20xTier => dl(crate::spec::DType::F16, 20.0 * 2e-3),
-            Mutation::DlogitsBf16Off20xTier => dl(crate::spec::DType::Bf16, 20.0 * 8e-3),
+            Mutation::DlogitsF16Off20xTier => dl(crate::spec::DType::F16, 20.0 * 5.883e-4),
+            Mutation::DlogitsBf16Off20xTier => dl(crate::spec::DType::Bf16, 20.0 * 4.0066e-3),
             _ if case.devices <= 1 => None,
             Mutation::InvarianceLossOff20xBound => {
                 Some((&[Loss, PerTokenLogp, Entropy], 20.0 * 1e-5))
