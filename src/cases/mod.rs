@@ -333,8 +333,9 @@ impl Case {
         if self.level == Level::Fused
             && matches!(self.profile, DataProfile::Spike | DataProfile::RatioEdges)
         {
-            // spike needs per-logit control; ratio_edges needs per-row branch alternatives,
-            // which fused gradients (summed over rows) cannot carry.
+            // spike needs per-logit control; ratio_edges puts most rows at a branch edge,
+            // and the fused gates decide each edge row's branch alone (gates::fused_branch),
+            // which holds for the few edge rows of ordinary data, not for most rows.
             return Err(format!("profile {} is logits-level only", self.profile));
         }
         if self.level == Level::Logits && self.knobs.logits_dtype == LogitsDtype::Input {
