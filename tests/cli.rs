@@ -369,9 +369,11 @@ fn a_scaled_tolerance_is_loud_in_the_summary() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout)
         .contains("TOLERANCES SCALED ×1000000000000000000000000000000"));
+    // A stricter run, on f32 cases: below 1 the f16/bf16 gradients' norm-wise bound is
+    // under one rounding of the result (docs/tolerances.md), which even the oracle fails.
     let (o, _d) = run_with(
         "backends:\n  reference: {implementations: [oracle]}\n",
-        &["--suite", "smoke"],
+        &["--suite", "smoke", "--filter", "f32"],
         &[("GRPO_TOL_SCALE", "0.5")],
     );
     assert!(o.status.success(), "{}", stderr(&o));
