@@ -119,16 +119,24 @@ mod tests {
     /// A fused case with one token placed on the upper clip edge (its old_logp set so that
     /// the ratio is 1 + ε_high to f32 rounding): the oracle offers its other branch.
     fn edge_case() -> (crate::cases::Case, Inputs, Oracle, usize) {
-        let case = parse_fixed("level: fused, b: 2, t: 8, h: 64, v: 2049, advantages: positive").unwrap();
+        let case =
+            parse_fixed("level: fused, b: 2, t: 8, h: 64, v: 2049, advantages: positive").unwrap();
         let mut inputs = Inputs::generate(&case);
         let o = Oracle::new(&case, &inputs);
-        let r = (0..case.shape.rows()).find(|&r| inputs.mask[r] != 0.0).unwrap();
+        let r = (0..case.shape.rows())
+            .find(|&r| inputs.mask[r] != 0.0)
+            .unwrap();
         inputs.old_logp[r] = (o.stats.logp[r] - (1.0 + case.knobs.epsilon_high).ln()) as f32;
         let o = Oracle::new(&case, &inputs);
         (case, inputs, o, r)
     }
 
-    fn gates(case: &crate::cases::Case, inputs: &Inputs, o: &Oracle, out: &Outputs) -> Vec<GateReport> {
+    fn gates(
+        case: &crate::cases::Case,
+        inputs: &Inputs,
+        o: &Oracle,
+        out: &Outputs,
+    ) -> Vec<GateReport> {
         judge(case, inputs, o, out)
             .into_iter()
             .filter(|g| matches!(g.output, OutputName::Dhidden | OutputName::DlmHead))
@@ -162,13 +170,19 @@ mod tests {
         assert_eq!(rows.iter().map(|b| b.row).collect::<Vec<_>>(), vec![r]);
         // On this branch: passes, nothing moved.
         for g in gates(&case, &inputs, &o, &oracle_outputs(&case, &inputs)) {
-            assert!(g.passed && !g.message.contains("other branch"), "{}", g.message);
+            assert!(
+                g.passed && !g.message.contains("other branch"),
+                "{}",
+                g.message
+            );
         }
         // On the other branch: passes, and says so.
         let other = shifted(&case, &inputs, &o, 1.0);
         for g in gates(&case, &inputs, &o, &other) {
             assert!(
-                g.passed && g.message.contains("1 of 1 token rows at a clip edge judged on their other branch"),
+                g.passed
+                    && g.message
+                        .contains("1 of 1 token rows at a clip edge judged on their other branch"),
                 "{}",
                 g.message
             );
@@ -182,7 +196,11 @@ mod tests {
             plain.add(i, x, w, 0.0, 0.0);
         }
         let shape = [case.shape.h.unwrap(), case.shape.v];
-        assert!(!plain.report(OutputName::DlmHead, &shape, tol, "standard/f32".into()).passed);
+        assert!(
+            !plain
+                .report(OutputName::DlmHead, &shape, tol, "standard/f32".into())
+                .passed
+        );
         // Half-way, or past either branch: fails.
         for k in [0.5, 2.0, -1.0] {
             for g in gates(&case, &inputs, &o, &shifted(&case, &inputs, &o, k)) {

@@ -137,8 +137,14 @@ mod tests {
         row(t(DType::F32, OutputName::Loss), [1e-5, 1e-5, 1e-5]);
         row(t(DType::F32, OutputName::Entropy), [1e-5, 1e-4, 1e-5]);
         row(t(DType::F32, OutputName::Dhidden), [1e-4, 1e-4, 1e-5]);
-        row(t(DType::F16, OutputName::DlmHead), [5.88330078125e-4, 2e-3, 1e-5]);
-        row(t(DType::Bf16, OutputName::Dlogits), [4.006640625e-3, 8e-3, 1e-5]);
+        row(
+            t(DType::F16, OutputName::DlmHead),
+            [5.88330078125e-4, 2e-3, 1e-5],
+        );
+        row(
+            t(DType::Bf16, OutputName::Dlogits),
+            [4.006640625e-3, 8e-3, 1e-5],
+        );
         // Per-token outputs never depend on the input dtype.
         for o in OutputName::PER_TOKEN {
             assert_eq!(

@@ -203,7 +203,8 @@ impl<'a> Tiles<'a> {
         product(z, n, false, hid, View::rows(w, h, n));
         if self.case.knobs.logits_dtype == LogitsDtype::Input {
             let dt = self.case.dtype;
-            z.par_iter_mut().for_each(|x| *x = dt.round(*x as f32) as f64);
+            z.par_iter_mut()
+                .for_each(|x| *x = dt.round(*x as f32) as f64);
         }
     }
 }
@@ -239,7 +240,11 @@ fn forward_tiled(case: &Case, inputs: &Inputs, chunk: usize, group: usize) -> Ve
                 });
         }
     }
-    state.iter().zip(&s_y).map(|(st, &sy)| st.stats(sy)).collect()
+    state
+        .iter()
+        .zip(&s_y)
+        .map(|(st, &sy)| st.stats(sy))
+        .collect()
 }
 
 /// dhidden and dlm_head of a fused case, with the oracle's lse and ∂loss/∂logp per row.
@@ -366,7 +371,9 @@ mod tests {
                 let m = (0..v)
                     .map(|j| {
                         (0..h)
-                            .map(|k| (x.hidden[r * h + k] as f64 * x.lm_head[k * v + j] as f64).abs())
+                            .map(|k| {
+                                (x.hidden[r * h + k] as f64 * x.lm_head[k * v + j] as f64).abs()
+                            })
                             .sum::<f64>()
                     })
                     .fold(0.0, f64::max);
@@ -478,7 +485,11 @@ mod tests {
                             .sum();
                         let tol = (v as f64 * f64::EPSILON + rel[r]) * abs;
                         let diff = (new.dhidden[r * h + k] - old.dhidden[r * h + k]).abs();
-                        assert!(diff <= tol, "{} ({vt}, {group}) dhidden[{r},{k}]: {diff:e} > {tol:e}", c.id);
+                        assert!(
+                            diff <= tol,
+                            "{} ({vt}, {group}) dhidden[{r},{k}]: {diff:e} > {tol:e}",
+                            c.id
+                        );
                     }
                 }
                 for k in 0..h {
@@ -491,7 +502,11 @@ mod tests {
                         }
                         let tol = (rows as f64 * f64::EPSILON + worst) * abs;
                         let diff = (new.dlm_head[k * v + j] - old.dlm_head[k * v + j]).abs();
-                        assert!(diff <= tol, "{} ({vt}, {group}) dlm_head[{k},{j}]: {diff:e} > {tol:e}", c.id);
+                        assert!(
+                            diff <= tol,
+                            "{} ({vt}, {group}) dlm_head[{k},{j}]: {diff:e} > {tol:e}",
+                            c.id
+                        );
                     }
                 }
             }
@@ -543,8 +558,7 @@ mod timing {
         ))
         .unwrap();
         // One logits-sized product, in FLOP.
-        let product =
-            2.0 * c.shape.rows() as f64 * c.shape.h.unwrap() as f64 * c.shape.v as f64;
+        let product = 2.0 * c.shape.rows() as f64 * c.shape.h.unwrap() as f64 * c.shape.v as f64;
         let rate = |n: f64, t: std::time::Instant| {
             let s = t.elapsed().as_secs_f64();
             format!("{s:.2} s, {:.1} GFLOP/s", n * product / s / 1e9)
@@ -614,9 +628,16 @@ mod product_tests {
     #[test]
     fn product_is_the_plain_sum_for_long_inner_dimensions() {
         for (m, n, k) in [(3, 5, 7), (17, 33, 700), (9, 40, 5000), (64, 70, 4096)] {
-            let a: Vec<f64> = (0..m * k).map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0).collect();
-            let b: Vec<f64> = (0..k * n).map(|i| ((i * 53 % 97) as f64 - 48.0) / 5.0).collect();
-            let want = |i: usize, j: usize, at: &dyn Fn(usize, usize) -> f64, bt: &dyn Fn(usize, usize) -> f64| {
+            let a: Vec<f64> = (0..m * k)
+                .map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0)
+                .collect();
+            let b: Vec<f64> = (0..k * n)
+                .map(|i| ((i * 53 % 97) as f64 - 48.0) / 5.0)
+                .collect();
+            let want = |i: usize,
+                        j: usize,
+                        at: &dyn Fn(usize, usize) -> f64,
+                        bt: &dyn Fn(usize, usize) -> f64| {
                 (0..k).map(|q| at(i, q) * bt(q, j)).sum::<f64>()
             };
             // Row-major a [m, k] @ b [k, n].
@@ -628,14 +649,27 @@ mod product_tests {
             let at: Vec<f64> = (0..k * m).map(|x| a[(x % m) * k + x / m]).collect();
             let bt: Vec<f64> = (0..n * k).map(|x| b[(x % k) * n + x / k]).collect();
             let mut c3 = vec![0.0; m * n];
-            product(&mut c3, n, false, View::rows(&at, k, m).t(), View::rows(&bt, n, k).t());
+            product(
+                &mut c3,
+                n,
+                false,
+                View::rows(&at, k, m).t(),
+                View::rows(&bt, n, k).t(),
+            );
             for i in 0..m {
                 for j in 0..n {
                     let w = want(i, j, &|i, q| a[i * k + q], &|q, j| b[q * n + j]);
                     let abs: f64 = (0..k).map(|q| (a[i * k + q] * b[q * n + j]).abs()).sum();
                     let tol = k as f64 * f64::EPSILON * abs;
-                    for (got, w) in [(c[i * n + j], w), (c2[i * n + j], w + 0.5), (c3[i * n + j], w)] {
-                        assert!((got - w).abs() <= tol + 1e-12, "({m},{n},{k}) [{i},{j}]: {got} vs {w}");
+                    for (got, w) in [
+                        (c[i * n + j], w),
+                        (c2[i * n + j], w + 0.5),
+                        (c3[i * n + j], w),
+                    ] {
+                        assert!(
+                            (got - w).abs() <= tol + 1e-12,
+                            "({m},{n},{k}) [{i},{j}]: {got} vs {w}"
+                        );
                     }
                 }
             }

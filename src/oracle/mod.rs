@@ -676,7 +676,12 @@ impl Oracle {
                             w.iter().zip(&u).map(|(&w, &u)| w as f64 * u).sum()
                         })
                         .collect();
-                    BranchRow { row: r, delta, u, a }
+                    BranchRow {
+                        row: r,
+                        delta,
+                        u,
+                        a,
+                    }
                 })
                 .collect()
         })

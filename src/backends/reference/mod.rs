@@ -99,6 +99,8 @@ fn naive(implementation: &str) -> Option<NaiveF32> {
 /// here: at the logits level in one fused forward+backward pass, [`Oracle::with_dlogits_into`],
 /// dlogits rounded to the case dtype).
 pub fn oracle_outputs(case: &Case, inputs: &Inputs) -> Outputs {
+    #[cfg(test)]
+    EVALUATIONS.with(|n| n.set(n.get() + 1));
     let s = case.shape;
     let mut dlogits = Vec::new();
     let o = match case.level {
@@ -174,16 +176,69 @@ impl Backend for ReferenceBackend {
             })
         };
         let mut timing = Timing::default();
-        let mut outputs = once()?;
+        let mut outputs = None;
+        // The oracle is in-process f64 code with nothing to compile or warm: its
+        // warm-ups would only evaluate it again (about 9 minutes each at the seeds'
+        // fused shape on 2 cores), so it has none.
+        let warmup = if implementation == "oracle" {
+            0
+        } else {
+            opts.warmup
+        };
+        for _ in 0..warmup {
+            outputs = Some(once()?);
+        }
         for _ in 0..opts.repeats {
             let t0 = Instant::now();
-            outputs = once()?;
+            outputs = Some(once()?);
             timing.runs_s.push(t0.elapsed().as_secs_f64());
         }
+        let outputs = match outputs {
+            Some(o) => o,
+            None => once()?,
+        };
         Ok(RunResult {
             outputs: Some(outputs),
             timing: (opts.repeats > 0).then_some(timing),
             ..Default::default()
         })
+    }
+}
+
+/// How many times this thread evaluated the oracle (tests count its warm-ups).
+#[cfg(test)]
+thread_local! {
+    static EVALUATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cases;
+
+    fn fused_case() -> Case {
+        cases::parse_fixed("level: fused, b: 1, t: 4, v: 33, h: 8, dtype: f32").unwrap()
+    }
+
+    /// The oracle is evaluated once per timed run and never for a warm-up; with no timed
+    /// run it is evaluated once for its outputs.
+    #[test]
+    fn the_oracle_has_no_warm_up_and_is_evaluated_once_per_run() {
+        let case = fused_case();
+        let inputs = Inputs::generate(&case);
+        let backend = ReferenceBackend::default();
+        for (warmup, repeats, evaluations) in [(1, 1, 1), (3, 2, 2), (1, 0, 1), (0, 0, 1)] {
+            let before = EVALUATIONS.with(|n| n.get());
+            let res = backend
+                .run("oracle", &case, &inputs, &RunOptions { warmup, repeats })
+                .unwrap();
+            assert_eq!(
+                EVALUATIONS.with(|n| n.get()) - before,
+                evaluations,
+                "warmup {warmup}, repeats {repeats}"
+            );
+            assert!(res.outputs.is_some());
+            assert_eq!(res.timing.map_or(0, |t| t.runs_s.len()), repeats);
+        }
     }
 }
