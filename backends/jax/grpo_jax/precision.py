@@ -10,15 +10,18 @@ computes a kernel's f32 dot at DEFAULT in fp32 (its ``contract_precision`` defau
 ``watch(platform)`` wraps jax's lowering rule of ``dot_general`` while one module is
 lowered. Every dot with an f32 operand is recorded: operand types, precision (or dot
 algorithm), the user function that wrote it, and the Pallas kernel it is in (CPU interpret
-mode). On the ``cpu`` platform it also **emulates** the accelerator: a dot of two f32
-operands outside a Pallas kernel has both operands rounded to bf16 at DEFAULT (TPU's one
-pass, the coarsest of the accelerators) and to TF32 at HIGH (the coarser of TPU's three
-bf16 passes and GPU's TF32), then runs in f32 as before. So a CPU run gives, to f32
-rounding of the accumulation, the numbers a TPU would give, and the gates judge those.
+mode). On the ``cpu`` platform it also **emulates** the accelerator: a dot with an f32
+operand outside a Pallas kernel has its f32 operands rounded to bf16 at DEFAULT (TPU's
+one pass, the coarsest of the accelerators) and to TF32 at HIGH (the coarser of TPU's
+three bf16 passes and GPU's TF32), then runs as before. That includes ``mixed`` dots of
+one f32 and one narrower operand: jax's VJP of a bf16 einsum contracts the f32 cotangent
+with the bf16 operand that way, and at DEFAULT an accelerator rounds the cotangent (the
+H100 did, in TF32: docs/gpu.md). So a CPU run gives, to f32 rounding of the
+accumulation, the numbers a TPU would give, and the gates judge those.
 
-Not emulated: dots with one f32 and one narrower operand (recorded as ``mixed``; jax
-implementations contract bf16 inputs that way in their VJPs), dots inside a Pallas kernel
-(Mosaic's DEFAULT is fp32), and the accumulation order of the MXU (f32 either way).
+Not emulated: dots inside a Pallas kernel (Mosaic's DEFAULT is fp32), a narrower operand
+that is not bf16 (an f16 operand's 10 mantissa bits are kept, as GPU's tensor cores do;
+a TPU has no f16 MXU path), and the accumulation order of the MXU (f32 either way).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ import os
 import threading
 from typing import Iterator, Optional
 
-# Bumped when what is emulated changes: part of every cpu export's cache key.
-EMULATION_VERSION = 1
+# Bumped when what is emulated changes: part of every cpu export's cache key (2: mixed
+# f32 × narrower dots are emulated too).
+EMULATION_VERSION = 2
 
 # Precision classes: what an accelerator does with an f32×f32 dot.
 REDUCED_BF16 = "bf16"   # DEFAULT: TPU one bf16 pass (GPU: TF32)
@@ -82,6 +86,11 @@ def _where(traceback) -> str:
     return f"{frame.function_name} ({os.path.basename(frame.file_name)}:{frame.start_line})"
 
 
+def _is_f32(aval) -> bool:
+    import numpy as np
+    return np.dtype(aval.dtype) == np.dtype("float32")
+
+
 def _record(ctx, precision) -> Optional[dict]:
     """The dot's entry when an operand is f32, else None."""
     import numpy as np
@@ -112,10 +121,12 @@ def _dot_rule(inner, emulate: bool):
         if entry is not None:
             cls = precision_class(entry["precision"])
             entry["emulated"] = None
-            if (emulate and not entry["mixed"] and entry["kernel"] is None
-                    and cls in _MANTISSA):
-                lhs = _round(lhs, _MANTISSA[cls])
-                rhs = _round(rhs, _MANTISSA[cls])
+            if emulate and entry["kernel"] is None and cls in _MANTISSA:
+                # Only the f32 operands: a 16-bit one holds its values already.
+                if _is_f32(ctx.avals_in[0]):
+                    lhs = _round(lhs, _MANTISSA[cls])
+                if _is_f32(ctx.avals_in[1]):
+                    rhs = _round(rhs, _MANTISSA[cls])
                 entry["emulated"] = cls
             _state.dots.append(entry)
         return inner(ctx, lhs, rhs, precision=precision, **params)

@@ -51,18 +51,38 @@ def test_a_reduced_f32_matmul_is_computed_as_the_accelerator_does(prec, mantissa
     assert re.search(r"<lambda> \(test_precision\.py:\d+\)$", dots[0]["where"]), dots[0]
 
 
-def test_highest_mixed_and_bf16_matmuls_are_not_emulated():
+def test_highest_and_bf16_matmuls_are_not_emulated():
     a, b = _operands()
     exp, dots = _exported(lambda x, y: jnp.dot(x, y, precision=HI), a, b)
     exact = a.astype(np.float64) @ b.astype(np.float64)
     assert np.max(np.abs(np.asarray(exp.call(a, b)) - exact)) < 1e-6 * np.max(exact)
     assert dots[0]["precision"] == "HIGHEST" and dots[0]["emulated"] is None
-    _, mixed = _exported(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32), a,
-                         b.astype(jnp.bfloat16))
+    b16 = b.astype(jnp.bfloat16)
+    exp, mixed = _exported(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32,
+                                                precision=HI), a, b16)
     assert mixed[0]["mixed"] and mixed[0]["emulated"] is None
-    _, none = _exported(lambda x, y: jnp.dot(x, y), a.astype(jnp.bfloat16),
-                        b.astype(jnp.bfloat16))
+    want = a.astype(np.float64) @ np.asarray(b16, np.float64)
+    assert np.max(np.abs(np.asarray(exp.call(a, b16)) - want)) < 1e-6 * np.max(want)
+    _, none = _exported(lambda x, y: jnp.dot(x, y), a.astype(jnp.bfloat16), b16)
     assert none == []
+
+
+@pytest.mark.parametrize("prec,mantissa", [(None, 7), (jax.lax.Precision.HIGH, 10)])
+def test_a_mixed_matmul_has_its_f32_operand_rounded_as_the_accelerator_does(prec, mantissa):
+    """f32 × bf16 at DEFAULT (jax's VJP of a bf16 einsum: the f32 cotangent against the
+    bf16 operand) is one bf16 pass on a TPU, TF32 on a GPU: the f32 operand is rounded,
+    the bf16 one is exact already."""
+    a, b = _operands()
+    b16 = b.astype(jnp.bfloat16)
+    exp, dots = _exported(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32,
+                                               precision=prec), a, b16)
+    got = np.asarray(exp.call(a, b16))
+    want = _round(a, mantissa).astype(np.float64) @ np.asarray(b16, np.float64)
+    exact = a.astype(np.float64) @ np.asarray(b16, np.float64)
+    assert np.max(np.abs(got - want)) < 1e-5 * np.max(np.abs(want))
+    assert np.max(np.abs(got - exact)) > 10 * np.max(np.abs(got - want))
+    assert [(d["mixed"], d["emulated"]) for d in dots] == [
+        (True, "tf32" if prec else "bf16")]
 
 
 def test_tpu_exports_record_without_emulating_and_the_rules_are_restored():

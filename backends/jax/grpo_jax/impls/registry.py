@@ -24,6 +24,7 @@ _ENTRIES: list[Implementation] = [
     pallas_logits.IMPLEMENTATION_JAXBWD,
     pallas_logits_2pass.IMPLEMENTATION,
     xla_chunked.IMPLEMENTATION,
+    xla_chunked.IMPLEMENTATION_SAVED,
     pallas_fused.IMPLEMENTATION,
 ]
 

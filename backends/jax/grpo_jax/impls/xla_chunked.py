@@ -75,11 +75,56 @@ def _loop(pieces, body, carry):
     return carry
 
 
+def _grid(voc_pieces, tok_pieces, step, carry, tiles=None, begin=None, end=None):
+    """Every (vocab chunk, token chunk) tile, vocab chunks outermost: a scan over each
+    piece's vocab chunks whose body runs the token chunks one after another (unrolled, at
+    static offsets): ``step(carry, v0, vn, t0, tn, tile_in) -> (carry, tile_out)``, with
+    ``begin(carry, v0, vn)`` and ``end(carry, v0, vn)`` (optional) around each vocab
+    chunk's token chunks. Returns (carry, tiles): per vocab piece, a tuple with each token
+    chunk's tile_out stacked over the vocab chunks ([vocab count, tn, vn]); ``tiles`` (such
+    a result of another call over the same pieces) gives each step its tile_in. A scan's
+    stacked output and input are written and read in place, one tile a step: the tiles
+    never form an [N, V] array, and no tile is copied (a nested scan's stack was: one
+    more pass over the logits each way)."""
+    starts = [(ts + i * tn, tn) for ts, tn, tc in tok_pieces for i in range(tc)]
+    out = []
+    for p, (vs, vn, vc) in enumerate(voc_pieces):
+        def vstep(c, xs, vs=vs, vn=vn):
+            vi, vin = xs
+            v0 = vs + vi * vn
+            if begin is not None:
+                c = begin(c, v0, vn)
+            ys = []
+            for q, (t0, tn) in enumerate(starts):
+                c, y = step(c, v0, vn, t0, tn, None if vin is None else vin[q])
+                ys.append(y)
+            if end is not None:
+                c = end(c, v0, vn)
+            return c, tuple(ys)
+        carry, ys = jax.lax.scan(vstep, carry,
+                                 (jnp.arange(vc), None if tiles is None else tiles[p]))
+        out.append(ys)
+    return carry, out
+
+
 def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, chunk_vocab,
-                      precision, vocab_major, dynamic_valid=False):
+                      precision, vocab_major, dynamic_valid=False, save_logits=False,
+                      dz_terms=None, _unsafe_lse_shift=0):
     """(hidden2 [N, H], w, ids [N], valid) -> (logp [N], entropy [N], lse [N]) with SPEC's
     VJP in logp and lse's own (entropy carries no gradient). ``w`` is lm_head [H, V], or its transpose [V, H] when
-    ``vocab_major`` (the LM head's physical order on TPU for some V: see Layout)."""
+    ``vocab_major`` (the LM head's physical order on TPU for some V: see Layout).
+
+    ``save_logits`` (xla_saved_logits): the forward also writes every tile, rounded to the
+    logits' storage dtype (the input dtype for ``logits_dtype == "input"``, else f32), into
+    one [N, V] array kept for the backward, which reads the tiles back instead of
+    recomputing them: 3 logits-sized matmuls in all instead of 5. ``dz_terms`` (a 16-bit
+    LM head only): for each backward product, dhidden's and dlm_head's, how many 16-bit
+    terms dz enters as, t1 = round(dz), t2 = round(dz − t1), ..., each an exact-product
+    single-pass matmul with the 16-bit operand summed in f32 (bf16 terms: 8 significant
+    bits each, so 3 terms hold an f32 dz to about 24 bits); 1 is dz rounded to the input
+    dtype; None: one matmul of f32 operands at ``precision`` (six bf16 passes on a TPU at
+    HIGHEST). ``_unsafe_lse_shift`` (a test aid: a
+    deliberately wrong backward) takes each row's lse from the row that many places on."""
     tok_pieces = _pieces(n, chunk_tokens)
     voc_pieces = _pieces(v, chunk_vocab)
     tau = temperature
@@ -87,45 +132,102 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
     # z = h @ w_chunk, contracting H: w's axis 0 ([H, Vc]) or 1 ([Vc, H]).
     dims = (((1,), (1 - vax,)), ((), ()))
 
-    def scaled(h, w):
+    def logits(h, w):
         z = jax.lax.dot_general(h.astype(w.dtype), w, dims, preferred_element_type=f32, precision=precision)
         if logits_dtype == "input":
             z = round_to(z, dtype)
-        return z / tau
+        return z
+
+    def scaled(h, w):
+        return logits(h, w) / tau
+
+    narrow = jnp.dtype(dtype) != jnp.dtype(f32)
+
+    def _product(dz, x, contract, swap=False, terms=None):
+        """The f32 product of f32 ``dz`` and ``x`` (a tile of hidden or lm_head),
+        contracting dz's axis ``contract[0]`` with x's ``contract[1]`` (``swap``: x's free
+        axis first in the result), with dz as ``terms`` 16-bit terms (see dz_terms) or,
+        for None or f32 inputs, one f32 matmul at ``precision``."""
+        def dot(a, b):
+            dims = (((contract[0],), (contract[1],)), ((), ()))
+            if swap:
+                dims = (((contract[1],), (contract[0],)), ((), ()))
+                a, b = b, a
+            return jax.lax.dot_general(a, b, dims, preferred_element_type=f32,
+                                       precision=None if a.dtype != f32 else precision)
+        if terms is None or not narrow:
+            return dot(dz, x.astype(f32))
+        x16 = x.astype(dtype)
+        out, rest = None, dz
+        for _ in range(terms):  # dz = t1 + t2 + ... + rest, each term 16-bit
+            term = rest.astype(dtype)
+            part = dot(term, x16)
+            out = part if out is None else out + part
+            rest = rest - term.astype(f32)
+        return out
+
+    store = dtype if logits_dtype == "input" else f32  # the saved logits' dtype
+
+    def fold(st, z, v0, y, valid):
+        """The running (m, l, a, c) of a token chunk after the logits tile ``z``."""
+        m_old, l_old, a_old, c_old = st
+        s = z / tau
+        col = v0 + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+        if valid is not None:  # columns >= valid are padding (vocab-parallel shard)
+            s = jnp.where(col < valid, s, -jnp.inf)
+        m_new = jnp.maximum(m_old, jnp.max(s, axis=1))
+        alpha = jnp.exp(m_old - m_new)
+        d = s - m_new[:, None]
+        e = jnp.exp(d)
+        ed = jnp.where(e > 0, e * d, 0.0)
+        l_new = alpha * l_old + jnp.sum(e, axis=1)
+        a_new = alpha * (a_old + (m_old - m_new) * l_old) + jnp.sum(ed, axis=1)
+        c_new = c_old + jnp.sum(jnp.where(col == y[:, None], s, 0.0), axis=1)
+        return m_new, l_new, a_new, c_new
+
+    def finish(m, l, a, c):
+        """(lse, logp, entropy) from the running statistics."""
+        log_l = jnp.log(l)
+        lse = m + log_l
+        return lse, c - lse, log_l - a / l
+
+    def init_stats(tn):
+        return (jnp.full((tn,), _M_INIT, f32), jnp.zeros((tn,), f32),
+                jnp.zeros((tn,), f32), jnp.zeros((tn,), f32))
 
     def forward(hidden, lm_head, ids, valid):
+        """(lse, logp, entropy): token chunks outermost, the tiles recomputed."""
         def token_chunk(outs, t0, tn):
             h = jax.lax.dynamic_slice_in_dim(hidden, t0, tn, 0)
             y = jax.lax.dynamic_slice_in_dim(ids, t0, tn, 0)
 
             def vocab_chunk(st, v0, vn):
-                m_old, l_old, a_old, c_old = st
                 w = jax.lax.dynamic_slice_in_dim(lm_head, v0, vn, vax)
-                s = scaled(h, w)
-                col = v0 + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-                if valid is not None:  # columns >= valid are padding (vocab-parallel shard)
-                    s = jnp.where(col < valid, s, -jnp.inf)
-                m_new = jnp.maximum(m_old, jnp.max(s, axis=1))
-                alpha = jnp.exp(m_old - m_new)
-                d = s - m_new[:, None]
-                e = jnp.exp(d)
-                ed = jnp.where(e > 0, e * d, 0.0)
-                l_new = alpha * l_old + jnp.sum(e, axis=1)
-                a_new = alpha * (a_old + (m_old - m_new) * l_old) + jnp.sum(ed, axis=1)
-                c_new = c_old + jnp.sum(jnp.where(col == y[:, None], s, 0.0), axis=1)
-                return m_new, l_new, a_new, c_new
+                return fold(st, logits(h, w), v0, y, valid)
 
-            init = (jnp.full((tn,), _M_INIT, f32), jnp.zeros((tn,), f32),
-                    jnp.zeros((tn,), f32), jnp.zeros((tn,), f32))
-            m, l, a, c = _loop(voc_pieces, vocab_chunk, init)
-            log_l = jnp.log(l)
-            lse = m + log_l
-            new = (lse, c - lse, log_l - a / l)
+            new = finish(*_loop(voc_pieces, vocab_chunk, init_stats(tn)))
             return tuple(jax.lax.dynamic_update_slice_in_dim(o, x, t0, 0)
                          for o, x in zip(outs, new))
 
         zeros = jnp.zeros((n,), f32)
         return _loop(tok_pieces, token_chunk, (zeros, zeros, zeros))
+
+    def forward_saving(hidden, lm_head, ids, valid):
+        """(lse, logp, entropy) and every tile in ``store``: vocab chunks outermost, as the
+        backward reads them (``_grid``), the running statistics of all N tokens carried."""
+        def tile(st, v0, vn, t0, tn, _):
+            h = jax.lax.dynamic_slice_in_dim(hidden, t0, tn, 0)
+            y = jax.lax.dynamic_slice_in_dim(ids, t0, tn, 0)
+            w = jax.lax.dynamic_slice_in_dim(lm_head, v0, vn, vax)
+            z = logits(h, w)  # already of its stored precision
+            part = fold(tuple(jax.lax.dynamic_slice_in_dim(x, t0, tn, 0) for x in st),
+                        z, v0, y, valid)
+            st = tuple(jax.lax.dynamic_update_slice_in_dim(x, u, t0, 0)
+                       for x, u in zip(st, part))
+            return st, z.astype(store)
+
+        stats, tiles = _grid(voc_pieces, tok_pieces, tile, init_stats(n))
+        return finish(*stats), tiles
 
     @jax.custom_vjp
     def logp_entropy(hidden, lm_head, ids, valid):
@@ -133,51 +235,74 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
         return logp, ent, lse
 
     def fwd_rule(hidden, lm_head, ids, valid):
-        lse, logp, ent = forward(hidden, lm_head, ids, valid)
-        return (logp, ent, lse), (hidden, lm_head, ids, valid, lse)
+        if save_logits:
+            (lse, logp, ent), tiles = forward_saving(hidden, lm_head, ids, valid)
+        else:
+            (lse, logp, ent), tiles = forward(hidden, lm_head, ids, valid), None
+        return (logp, ent, lse), (hidden, lm_head, ids, valid, lse, tiles)
 
     def bwd_rule(res, cts):
-        hidden, lm_head, ids, valid, lse = res
+        hidden, lm_head, ids, valid, lse, tiles = res
+        if _unsafe_lse_shift:
+            lse = jnp.roll(lse, _unsafe_lse_shift)
         g = cts[0].astype(f32)  # entropy's cotangent is ignored (a metric)
         gp = g - cts[2].astype(f32)  # softmax's coefficient: lse's cotangent enters here
         hdim = hidden.shape[1]
 
-        def vocab_chunk(carry, v0, vn):
-            dh, dw = carry
+        def tile_grads(dh, dwc, v0, vn, t0, tn, saved_tile):
+            """dz of one tile, folded into the dhidden rows and the chunk's dW."""
             w = jax.lax.dynamic_slice_in_dim(lm_head, v0, vn, vax)
-
-            def token_chunk(inner, t0, tn):
-                dh, dwc = inner
-                h = jax.lax.dynamic_slice_in_dim(hidden, t0, tn, 0)
-                y = jax.lax.dynamic_slice_in_dim(ids, t0, tn, 0)
-                lse_c = jax.lax.dynamic_slice_in_dim(lse, t0, tn, 0)
-                g_c = jax.lax.dynamic_slice_in_dim(g, t0, tn, 0)
-                gp_c = jax.lax.dynamic_slice_in_dim(gp, t0, tn, 0)
+            h = jax.lax.dynamic_slice_in_dim(hidden, t0, tn, 0)
+            y = jax.lax.dynamic_slice_in_dim(ids, t0, tn, 0)
+            lse_c = jax.lax.dynamic_slice_in_dim(lse, t0, tn, 0)
+            g_c = jax.lax.dynamic_slice_in_dim(g, t0, tn, 0)
+            gp_c = jax.lax.dynamic_slice_in_dim(gp, t0, tn, 0)
+            if saved_tile is not None:  # the forward's tile, read back: nothing recomputed
+                s = saved_tile.astype(f32) / tau
+            else:
                 s = scaled(h, w)
-                col = v0 + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-                onehot = (col == y[:, None]).astype(f32)
-                dz = (g_c[:, None] * onehot - gp_c[:, None] * jnp.exp(s - lse_c[:, None])) / tau
-                if valid is not None:  # padding columns: no gradient (and w may be 0 there)
-                    dz = jnp.where(col < valid, dz, 0.0)
-                hf, wf = h.astype(f32), w.astype(f32)
-                if vocab_major:   # dW^T chunk [Vc, H] += dz^T h;  dh += dz @ w
-                    dwc = dwc + jnp.dot(dz.T, hf, precision=precision)
-                    part = jnp.dot(dz, wf, precision=precision)
-                else:             # dW chunk [H, Vc] += h^T dz;    dh += dz @ w^T
-                    dwc = dwc + jnp.dot(hf.T, dz, precision=precision)
-                    part = jnp.dot(dz, wf.T, precision=precision)
-                dh = jax.lax.dynamic_update_slice_in_dim(
-                    dh, jax.lax.dynamic_slice_in_dim(dh, t0, tn, 0) + part, t0, 0)
-                return dh, dwc
+            col = v0 + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+            onehot = (col == y[:, None]).astype(f32)
+            dz = (g_c[:, None] * onehot - gp_c[:, None] * jnp.exp(s - lse_c[:, None])) / tau
+            if valid is not None:  # padding columns: no gradient (and w may be 0 there)
+                dz = jnp.where(col < valid, dz, 0.0)
+            dh_terms, dw_terms = dz_terms or (None, None)
+            if vocab_major:   # dW^T chunk [Vc, H] += dz^T h;  dh += dz @ w
+                dwc = dwc + _product(dz.T, h, (1, 0), terms=dw_terms)
+                part = _product(dz, w, (1, 0), terms=dh_terms)
+            else:             # dW chunk [H, Vc] += h^T dz;    dh += dz @ w^T
+                dwc = dwc + _product(dz, h, (0, 0), swap=True, terms=dw_terms)
+                part = _product(dz, w, (1, 1), terms=dh_terms)
+            dh = jax.lax.dynamic_update_slice_in_dim(
+                dh, jax.lax.dynamic_slice_in_dim(dh, t0, tn, 0) + part, t0, 0)
+            return dh, dwc
 
-            acc = jnp.zeros((vn, hdim) if vocab_major else (hdim, vn), f32)
-            dh, dwc = _loop(tok_pieces, token_chunk, (dh, acc))
-            dw = jax.lax.dynamic_update_slice_in_dim(dw, dwc.astype(lm_head.dtype), v0, vax)
-            return dh, dw
+        def acc(vn):
+            return jnp.zeros((vn, hdim) if vocab_major else (hdim, vn), f32)
+
+        def write(dw, dwc, v0):
+            return jax.lax.dynamic_update_slice_in_dim(dw, dwc.astype(lm_head.dtype), v0, vax)
 
         dh0 = jnp.zeros((n, hdim), f32)
         dw0 = jnp.zeros(lm_head.shape, lm_head.dtype)
-        dh, dw = _loop(voc_pieces, vocab_chunk, (dh0, dw0))
+        if tiles is not None:
+            def tile(c, v0, vn, t0, tn, saved_tile):
+                dh, dw, dwc = c
+                dh, dwc = tile_grads(dh, dwc, v0, vn, t0, tn, saved_tile)
+                return (dh, dw, dwc), None
+
+            (dh, dw), _ = _grid(voc_pieces, tok_pieces, tile, (dh0, dw0), tiles,
+                                begin=lambda c, v0, vn: c + (acc(vn),),
+                                end=lambda c, v0, vn: (c[0], write(c[1], c[2], v0)))
+        else:
+            def vocab_chunk(carry, v0, vn):
+                dh, dw = carry
+                dh, dwc = _loop(tok_pieces,
+                                lambda c, t0, tn: tile_grads(*c, v0, vn, t0, tn, None),
+                                (dh, acc(vn)))
+                return dh, write(dw, dwc, v0)
+
+            dh, dw = _loop(voc_pieces, vocab_chunk, (dh0, dw0))
         return dh.astype(hidden.dtype), dw, None, None
 
     logp_entropy.defvjp(fwd_rule, bwd_rule)
@@ -206,10 +331,17 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
     if problem.level != "fused":
         raise ValueError("xla_chunked implements the fused level only")
     _validate_options(options)
-    b, t, h, v = problem.b, problem.t, problem.h, problem.v
-    n = b * t
     precision = (jax.lax.Precision.HIGHEST if options["matmul_precision"] == "highest"
                  else jax.lax.Precision.DEFAULT)
+    return _core(problem, k, options, precision=precision)
+
+
+def _core(problem: Problem, k: Knobs, options: Mapping[str, Any], *, precision,
+          **saved_logits):
+    """The per-token core of both implementations of this module (``saved_logits``:
+    ``make_logp_entropy``'s save_logits, dz_split and _unsafe_lse_shift)."""
+    b, t, h, v = problem.b, problem.t, problem.h, problem.v
+    n = b * t
     order = options["lm_head_layout"] or (
         "".join("hv"[i] for i in tpu_default_order((h, v), problem.dtype))
         if problem.platform == "tpu" else "hv")
@@ -219,7 +351,7 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
                                    "f16": jnp.float16}[problem.dtype]),
         temperature=k.temperature, logits_dtype=k.logits_dtype,
         chunk_tokens=options["chunk_tokens"], chunk_vocab=options["chunk_vocab"],
-        precision=precision, vocab_major=vocab_major, dynamic_valid=True)
+        precision=precision, vocab_major=vocab_major, dynamic_valid=True, **saved_logits)
 
     def f(hidden, lm_head, chosen_ids, valid_v=None, with_lse=False):
         # lm_head.T is a bitcast when [V][H] is its physical order (no copy).
@@ -253,4 +385,53 @@ IMPLEMENTATION = Implementation(
                                  else f"matmul_precision: {o['matmul_precision']}"),
     # Few: libtpu takes minutes per compile of these loops at the seeds' shape.
     search_space={"chunk_tokens": (512, 2048), "chunk_vocab": (4096, 16384)},
+)
+
+
+# xla_saved_logits: the time corner of the fused front (issue 38) -------------------------
+
+_SAVED_DEFAULTS = {"chunk_tokens": 1024, "chunk_vocab": 8192, "lm_head_layout": None,
+                   "dz_precision": "x3"}
+# dz_precision -> (dhidden's, dlm_head's) 16-bit terms of dz (make_logp_entropy's dz_terms).
+_DZ_TERMS = {"x3": (3, 3), "x2": (2, 2), "x3_dlm_head": (1, 3), "f32": None}
+
+
+def _validate_saved(options: Mapping[str, Any]) -> None:
+    _validate_options({**options, "matmul_precision": "highest"})
+    if options["dz_precision"] not in _DZ_TERMS:
+        raise RequestError(f"impl_options.dz_precision must be one of {sorted(_DZ_TERMS)}, "
+                           f"got {options['dz_precision']!r}")
+    shift = options.get("_unsafe_lse_shift", 0)
+    if isinstance(shift, bool) or not isinstance(shift, int):
+        raise RequestError(f"_unsafe_lse_shift must be an integer, got {shift!r}")
+
+
+def saved_per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+    """xla_chunked's core with the logits saved by the forward and read back by the
+    backward (``make_logp_entropy``'s ``save_logits``); its f32 matmuls at HIGHEST."""
+    if problem.level != "fused":
+        raise ValueError("xla_saved_logits implements the fused level only")
+    _validate_saved(options)
+    return _core(problem, k, options, precision=jax.lax.Precision.HIGHEST, save_logits=True,
+                 dz_terms=_DZ_TERMS[options["dz_precision"]],
+                 _unsafe_lse_shift=options.get("_unsafe_lse_shift", 0))
+
+
+def saved_build(problem: Problem, k: Knobs, options: Mapping[str, Any]):
+    """All SPEC inputs in order -> (loss, metrics..., dhidden, dlm_head)."""
+    return grpo_math.spec_function(saved_per_token(problem, k, options), k, nhead=2)
+
+
+IMPLEMENTATION_SAVED = Implementation(
+    id="xla_saved_logits",
+    description="fused LM head in plain XLA, the time corner: the forward writes the logits "
+                "(logits_dtype) and lse, the backward reads them back (3 logits-sized "
+                "matmuls, nothing recomputed); dz enters the backward as two 16-bit terms",
+    build=saved_build,
+    capabilities=Capabilities(levels=frozenset({"fused"})),
+    default_options=dict(_SAVED_DEFAULTS),
+    extra_check=lambda p, k, o: _validate_saved(o),
+    validate_options=_validate_saved,
+    per_token=saved_per_token,
+    search_space={"chunk_tokens": (1024, 2048), "chunk_vocab": (4096, 16384)},
 )
