@@ -205,7 +205,7 @@ impl Backend for ReferenceBackend {
     }
 }
 
-/// How many times this thread evaluated the oracle (tests count its warm-ups).
+// How many times this thread evaluated the oracle (tests count its warm-ups).
 #[cfg(test)]
 thread_local! {
     static EVALUATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
