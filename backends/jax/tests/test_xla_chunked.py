@@ -15,12 +15,13 @@ PROBLEM = dict(b=3, t=7, v=1000, h=40)
 SMALL = dict(chunk_tokens=8, chunk_vocab=256)
 
 
-def _run(dtype, knobs_json, options, seed=1, **shape):
+def _run(dtype, knobs_json, options, seed=1, impl="xla_chunked", **shape):
+    """(problem, inputs, knobs, outputs) of ``impl`` on PROBLEM (or ``shape``)."""
     shape = {**PROBLEM, **shape}
     problem = Problem("fused", shape["b"], shape["t"], shape["v"], shape["h"], dtype)
     inputs = make_inputs(problem, seed)
     knobs = Knobs.from_json(knobs_json)
-    return problem, inputs, knobs, run_impl("xla_chunked", problem, knobs, inputs, options)
+    return problem, inputs, knobs, run_impl(impl, problem, knobs, inputs, options)
 
 
 @pytest.mark.parametrize("logits_dtype", ["f32", "input"])

@@ -11,21 +11,17 @@ import pytest
 
 from grpo_jax.impls import get
 from grpo_jax.spec import Knobs, Problem, RequestError
-from helpers import compare, make_inputs, run_impl
+from helpers import compare, make_inputs
 from oracle import oracle
 from test_baseline import KNOB_SETS
 
-# N = 3*7 = 21 tokens, V = 1000, H = 40: chunks of 8 tokens x 256 vocab leave remainders.
-PROBLEM = dict(b=3, t=7, v=1000, h=40)
-SMALL = dict(chunk_tokens=8, chunk_vocab=256)
+from test_xla_chunked import SMALL, _run as _run_impl
+
+# test_xla_chunked's problem: N = 21 tokens, V = 1000, H = 40; SMALL leaves remainders.
 
 
 def _run(dtype, knobs_json, options, seed=1, impl="xla_saved_logits", **shape):
-    shape = {**PROBLEM, **shape}
-    problem = Problem("fused", shape["b"], shape["t"], shape["v"], shape["h"], dtype)
-    inputs = make_inputs(problem, seed)
-    knobs = Knobs.from_json(knobs_json)
-    return problem, inputs, knobs, run_impl(impl, problem, knobs, inputs, options)
+    return _run_impl(dtype, knobs_json, options, seed, impl, **shape)
 
 
 @pytest.mark.parametrize("logits_dtype", ["f32", "input"])

@@ -426,7 +426,8 @@ IMPLEMENTATION_SAVED = Implementation(
     id="xla_saved_logits",
     description="fused LM head in plain XLA, the time corner: the forward writes the logits "
                 "(logits_dtype) and lse, the backward reads them back (3 logits-sized "
-                "matmuls, nothing recomputed); dz enters the backward as two 16-bit terms",
+                "matmuls, nothing recomputed); dz enters the backward products as 16-bit "
+                "terms (dz_precision: three each by default)",
     build=saved_build,
     capabilities=Capabilities(levels=frozenset({"fused"})),
     default_options=dict(_SAVED_DEFAULTS),
