@@ -24,12 +24,14 @@ def _run(dtype, knobs_json, options, seed=1, impl="xla_chunked", **shape):
     return problem, inputs, knobs, run_impl(impl, problem, knobs, inputs, options)
 
 
+@pytest.mark.parametrize("impl", ["xla_chunked", "xla_saved_logits"])
 @pytest.mark.parametrize("logits_dtype", ["f32", "input"])
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("name", sorted(KNOB_SETS))
-def test_matches_oracle(name, dtype, logits_dtype):
+def test_matches_oracle(name, dtype, logits_dtype, impl):
+    """Both implementations of this module (xla_saved_logits: test_xla_saved_logits.py)."""
     knobs = dict(KNOB_SETS[name], logits_dtype=logits_dtype)
-    problem, inputs, knobs_, got = _run(dtype, knobs, SMALL)
+    problem, inputs, knobs_, got = _run(dtype, knobs, SMALL, impl=impl)
     want = oracle(inputs, knobs_.to_json(), "fused")
     assert compare(got, want, inputs["mask"], dtype) == []
 

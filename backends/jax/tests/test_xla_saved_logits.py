@@ -24,14 +24,8 @@ def _run(dtype, knobs_json, options, seed=1, impl="xla_saved_logits", **shape):
     return _run_impl(dtype, knobs_json, options, seed, impl, **shape)
 
 
-@pytest.mark.parametrize("logits_dtype", ["f32", "input"])
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("name", sorted(KNOB_SETS))
-def test_matches_oracle(name, dtype, logits_dtype):
-    knobs = dict(KNOB_SETS[name], logits_dtype=logits_dtype)
-    problem, inputs, knobs_, got = _run(dtype, knobs, SMALL)
-    want = oracle(inputs, knobs_.to_json(), "fused")
-    assert compare(got, want, inputs["mask"], dtype) == []
+# Every knob set x dtype x logits dtype against the oracle: test_xla_chunked.py's
+# test_matches_oracle, parametrized over both implementations.
 
 
 @pytest.mark.parametrize("options", [
