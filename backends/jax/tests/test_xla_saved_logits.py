@@ -5,7 +5,6 @@ matmuls); dz enters the backward as two 16-bit terms; a backward with another ro
 fails."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
