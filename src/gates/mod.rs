@@ -62,7 +62,7 @@ fn provided_default() -> bool {
 }
 
 /// serde_json writes a non-finite f64 as null; read null back as NaN.
-fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+pub fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     use serde::Deserialize;
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }

@@ -308,3 +308,28 @@ fn trajectory_parameter_scan() {
         run(base.lr, init);
     }
 }
+
+#[test]
+fn a_diverged_step_is_written_and_read_back() {
+    // serde_json writes NaN as null; the record must still read (a diverged kernel's
+    // trajectory made its whole records file unreadable before).
+    let p = run::StepPoint {
+        step: 13,
+        loss_exact: 6.5e-8,
+        loss_reference: 0.0,
+        loss_implementation: f64::NAN,
+        drift_reference: 2.8e-3,
+        drift_implementation: f64::NAN,
+        clipped_fraction: 0.0,
+        travelled: 0.1,
+        branch_flips: 0,
+        ambiguous_flips: 0,
+        sign_flips: 4,
+    };
+    let line = serde_json::to_string(&p).unwrap();
+    assert!(line.contains("\"loss_implementation\":null"), "{line}");
+    let back: run::StepPoint = serde_json::from_str(&line).expect("a readable step");
+    assert!(back.loss_implementation.is_nan() && back.drift_implementation.is_nan());
+    assert_eq!(back.step, 13);
+    assert_eq!(back.drift_reference, 2.8e-3);
+}
