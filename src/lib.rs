@@ -27,6 +27,7 @@ pub mod outputs;
 pub mod precision;
 pub mod records;
 pub mod report;
+pub mod report_front;
 pub mod report_speed;
 pub mod report_trajectory;
 pub mod run_identity;

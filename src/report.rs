@@ -548,6 +548,9 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     if let Some(t) = crate::report_trajectory::section(&trials) {
         html.push_str(&t);
     }
+    if let Some(front) = crate::report_front::section(&trials) {
+        html.push_str(&front);
+    }
     if let Some(svg) = crate::report_speed::sweep_svg(&trials) {
         let _ = write!(html, "<h2>Sweep</h2>{svg}");
     }

@@ -45,6 +45,8 @@ def test_matches_oracle(name, dtype, logits_dtype):
 @pytest.mark.parametrize("options", [
     dict(SMALL, lm_head_layout="vh"),
     dict(SMALL, bwd_dz_dtype="f32"),
+    dict(SMALL, bwd_dz_dtype="x3_dlm_head"),
+    dict(SMALL, bwd_dz_dtype="x3_dlm_head", lm_head_layout="vh"),
     dict(block_tokens=16, block_v=128),    # 2 token blocks, 8 tiles (last: 104)
     dict(block_tokens=21, block_v=1000),   # one block, one tile (no tail anywhere)
 ])

@@ -58,6 +58,22 @@ def test_unknown_and_bad_options_are_errors():
         impl.check_options({"chunk_tokens": 0})
     with pytest.raises(RequestError, match="unknown impl_options"):
         impl.check_options({"block_rows": 8})
+    with pytest.raises(RequestError, match="dz_precision"):
+        impl.check_options({"dz_precision": "bf16"})
+
+
+@pytest.mark.parametrize("options", [
+    dict(SMALL, dz_precision="x3_dlm_head"),
+    dict(SMALL, dz_precision="x3", lm_head_layout="vh"),
+])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_dz_in_16_bit_terms_matches_the_oracle(options, dtype):
+    """dz_precision (the memory corner with the trajectory kept): the recomputed tiles'
+    dz enters the backward products as 16-bit terms (f32 inputs: one f32 matmul)."""
+    knobs = dict(KNOB_SETS["grpo_token_beta"], logits_dtype="input")
+    problem, inputs, knobs_, got = _run(dtype, knobs, options)
+    want = oracle(inputs, knobs_.to_json(), "fused")
+    assert compare(got, want, inputs["mask"], dtype) == []
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])

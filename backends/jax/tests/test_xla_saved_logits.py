@@ -103,6 +103,9 @@ def test_three_logits_sized_matmuls_and_no_f32_operand_with_a_16_bit_lm_head():
     assert flops(one) == pytest.approx(5.0)  # 1 + 1 + 3
     chunked = _dots("xla_chunked", "bf16", SMALL)
     assert flops(chunked) == pytest.approx(4.0)  # + the recomputed tiles
+    terms = _dots("xla_chunked", "bf16", dict(SMALL, dz_precision="x3_dlm_head"))
+    assert all(a == b == "bfloat16" for a, b, *_ in terms), terms
+    assert flops(terms) == pytest.approx(6.0)  # 1 + 1 recomputed + 1 + 3
 
 
 def test_an_lse_from_another_row_block_fails():

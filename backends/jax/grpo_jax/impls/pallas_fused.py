@@ -36,7 +36,10 @@ The price is one more recomputation of the logits (5 matmuls of the logits' size
 against 3 for a materialising implementation); the gain is that neither kernel needs an
 [N, H] or [H, V] f32 accumulator in HBM, nor atomics. ``bwd_dz_dtype`` says whether dz
 enters the two backward matmuls in the input dtype (the MXU's native bf16 path; default)
-or in f32.
+or in f32, or (``x3_dlm_head``) dhidden's in the input dtype and dlm_head's as three
+input-dtype terms t1 = round(dz), t2 = round(dz - t1), t3 = round(dz - t1 - t2), each a
+single-pass matmul summed in f32 (7 single-pass matmuls in all: the lightest dz that
+keeps the Adam trajectory, docs/implementations.md "xla_saved_logits").
 
 Unaligned sizes are handled in-kernel, nothing is padded in HBM: the last vocab tile runs
 past V (columns >= V are -inf in the forward, and both dz and the W tile are zeroed there
@@ -55,7 +58,8 @@ auto = ``tpu_layout.tpu_default_order`` on tpu, "hv" elsewhere).
   block_v          512    vocab entries per tile (clamped to V; a multiple of 128 or V)
   interpret        null   null = auto (True on cpu, False on tpu)
   lm_head_layout   null   "hv" | "vh" | null (auto, see Layout)
-  bwd_dz_dtype     "input" | "f32": dz's dtype in the backward matmuls
+  bwd_dz_dtype     "input" | "f32" | "x3_dlm_head": dz's dtype in the backward matmuls
+                          (x3_dlm_head: input for dhidden, three input-dtype terms for dlm_head)
   vmem_limit_bytes null   Mosaic scoped-VMEM limit per kernel; null = twice the estimated
                           working set, at least 32 MiB, at most 100 MiB (v5e/v6e have 128)
   oob_fill     "unspecified" | "finite": what the out-of-bounds part of an edge block
@@ -110,6 +114,9 @@ class Plan(NamedTuple):
     # kernels turn a (1, bt) row into a (bt, 1) column and back by a (128, bt) transpose.
     # Needs bt % 128 == 0 (the row block's lane dimension).
     lane_rows: bool = False
+    # dz enters the dlm_head product as this many input-dtype terms t1 = round(dz),
+    # t2 = round(dz - t1), ... (bwd_dz_dtype "x3_dlm_head": 3; else 1, dz_dtype's dz).
+    dw_terms: int = 1
 
     @property
     def tok_blocks(self) -> int:
@@ -283,15 +290,24 @@ def _dlm_head_kernel(*refs, plan: Plan):
     dz = _dz(plan, j, s, rows_ref, vlim)
     if plan.tail_n:
         dz = jnp.where(row < plan.n, dz, 0.0)
-    dz = dz.astype(plan.dz_dtype)
-    h = h.astype(plan.dz_dtype)
-    # dW tile [H, bv] += h^T @ dz  (vocab major: dW^T tile [bv, H] += dz^T @ h).
-    if plan.vocab_major:
-        upd = jax.lax.dot_general(dz, h, (((0,), (0,)), ((), ())), preferred_element_type=f32,
-                                  precision=plan.precision)
-    else:
-        upd = jax.lax.dot_general(h, dz, (((0,), (0,)), ((), ())), preferred_element_type=f32,
-                                  precision=plan.precision)
+
+    def product(dz):
+        # dW tile [H, bv] += h^T @ dz  (vocab major: dW^T tile [bv, H] += dz^T @ h).
+        a, b = (dz, h) if plan.vocab_major else (h, dz)
+        return jax.lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=f32,
+                                   precision=plan.precision)
+
+    if plan.dw_terms == 1:
+        h = h.astype(plan.dz_dtype)
+        upd = product(dz.astype(plan.dz_dtype))
+    else:  # dz = t1 + t2 + ... + rest, each term a single-pass matmul with h
+        upd, rest = None, dz
+        for k in range(plan.dw_terms):
+            term = rest.astype(plan.dtype)
+            part = product(term)
+            upd = part if upd is None else upd + part
+            if k + 1 < plan.dw_terms:
+                rest = rest - term.astype(f32)
     acc[...] += upd
 
     @pl.when(i == pl.num_programs(1) - 1)
@@ -418,9 +434,10 @@ def dlm_head_cost(plan: Plan, hidden_dtype=None) -> pl.CostEstimate:
     tn = int(plan.tail_n)
     hconv = int(plan.dz_dtype != plan.dtype) + int(hd != jnp.dtype(plan.dtype))
     rows = (8 if plan.lane_rows else 4) * 4 * n
+    extra = plan.dw_terms - 1  # per more term: a matmul, convert back and subtract, convert
     return pl.CostEstimate(
-        flops=4 * bt * bv * h * steps + (_bwd_elem_ops(plan) + tn) * tiles
-        + steps * (bt * h * (tn + hconv) + bv * h * (3 * m + 1))
+        flops=(4 + 2 * extra) * bt * bv * h * steps + (_bwd_elem_ops(plan) + tn + 3 * extra) * tiles
+        + steps * (bt * h * (tn + hconv) + bv * h * (3 * m + 1 + extra))
         + plan.voc_tiles * bv * h * (plan.dtype != f32),
         transcendentals=tiles,
         bytes_accessed=hd.itemsize * plan.voc_tiles * n * h + it * 2 * h * v + plan.voc_tiles * rows)
@@ -566,9 +583,9 @@ def _validate_options(options: Mapping[str, Any]) -> None:
     if options["lm_head_layout"] not in (None, "hv", "vh"):
         raise RequestError(f"impl_options.lm_head_layout must be null (auto), 'hv' or 'vh', "
                            f"got {options['lm_head_layout']!r}")
-    if options["bwd_dz_dtype"] not in ("input", "f32"):
-        raise RequestError(f"impl_options.bwd_dz_dtype must be 'input' or 'f32', "
-                           f"got {options['bwd_dz_dtype']!r}")
+    if options["bwd_dz_dtype"] not in ("input", "f32", "x3_dlm_head"):
+        raise RequestError(f"impl_options.bwd_dz_dtype must be 'input', 'f32' or "
+                           f"'x3_dlm_head', got {options['bwd_dz_dtype']!r}")
     if options["oob_fill"] not in ("unspecified", "finite"):
         raise RequestError(f"impl_options.oob_fill must be 'unspecified' or 'finite', "
                            f"got {options['oob_fill']!r}")
@@ -591,11 +608,12 @@ def make_plan(p: Problem, k: Knobs, options: Mapping[str, Any],
         n=n, h=p.h, v=p.v, bt=min(options["block_tokens"], n), bv=min(options["block_v"], p.v),
         vocab_major=layout == "vh", dtype=dtype, temperature=k.temperature,
         round_logits=k.logits_dtype == "input",
-        dz_dtype=dtype if options["bwd_dz_dtype"] == "input" else f32,
+        dz_dtype=f32 if options["bwd_dz_dtype"] == "f32" else dtype,
         precision=(jax.lax.Precision.HIGHEST if p.dtype == "f32" or options["bwd_dz_dtype"] == "f32"
                    else jax.lax.Precision.DEFAULT),
         dynamic_valid=dynamic_valid,
-        lane_rows=min(options["block_tokens"], n) % LANE == 0)
+        lane_rows=min(options["block_tokens"], n) % LANE == 0,
+        dw_terms=3 if options["bwd_dz_dtype"] == "x3_dlm_head" and p.dtype != "f32" else 1)
 
 
 def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[str]:

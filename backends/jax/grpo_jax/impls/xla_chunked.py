@@ -33,6 +33,11 @@ Chunk counts need not divide the sizes: the whole chunks run in a scan and the r
   lm_head_layout   null   "hv" | "vh" (vocab major) | null (auto, see Layout)
   matmul_precision "highest" | "default": ``lax.Precision`` of the f32 matmuls (TPU runs
                    f32 matmuls as one bf16 pass under "default")
+  dz_precision     "f32" (one f32 matmul per backward product, at matmul_precision) |
+                   "x3" | "x3_dlm_head" | "x2": with a 16-bit LM head, dz enters the
+                   (dhidden, dlm_head) products as (3, 3), (1, 3) or (2, 2) single-pass
+                   16-bit terms (``make_logp_entropy``'s dz_terms; "x3_dlm_head": the
+                   memory corner with the trajectory kept, docs/implementations.md)
 """
 
 from __future__ import annotations
@@ -311,6 +316,11 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
     return lambda hidden, lm_head, ids: logp_entropy(hidden, lm_head, ids, None)
 
 
+# dz_precision -> (dhidden's, dlm_head's) 16-bit terms of dz (make_logp_entropy's dz_terms);
+# "f32": one matmul of f32 operands at the implementation's precision.
+_DZ_TERMS = {"x3": (3, 3), "x2": (2, 2), "x3_dlm_head": (1, 3), "f32": None}
+
+
 def _validate_options(options: Mapping[str, Any]) -> None:
     for key in ("chunk_tokens", "chunk_vocab"):
         val = options[key]
@@ -322,6 +332,9 @@ def _validate_options(options: Mapping[str, Any]) -> None:
     if options["matmul_precision"] not in ("highest", "default"):
         raise RequestError(f"impl_options.matmul_precision must be 'highest' or 'default', "
                            f"got {options['matmul_precision']!r}")
+    if options["dz_precision"] not in _DZ_TERMS:
+        raise RequestError(f"impl_options.dz_precision must be one of {sorted(_DZ_TERMS)}, "
+                           f"got {options['dz_precision']!r}")
 
 
 def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
@@ -333,13 +346,14 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
     _validate_options(options)
     precision = (jax.lax.Precision.HIGHEST if options["matmul_precision"] == "highest"
                  else jax.lax.Precision.DEFAULT)
-    return _core(problem, k, options, precision=precision)
+    return _core(problem, k, options, precision=precision,
+                 dz_terms=_DZ_TERMS[options["dz_precision"]])
 
 
 def _core(problem: Problem, k: Knobs, options: Mapping[str, Any], *, precision,
           **saved_logits):
     """The per-token core of both implementations of this module (``saved_logits``:
-    ``make_logp_entropy``'s save_logits, dz_split and _unsafe_lse_shift)."""
+    ``make_logp_entropy``'s save_logits, dz_terms and _unsafe_lse_shift)."""
     b, t, h, v = problem.b, problem.t, problem.h, problem.v
     n = b * t
     order = options["lm_head_layout"] or (
@@ -375,7 +389,7 @@ IMPLEMENTATION = Implementation(
     build=build,
     capabilities=Capabilities(levels=frozenset({"fused"})),
     default_options={"chunk_tokens": 1024, "chunk_vocab": 8192, "matmul_precision": "highest",
-                     "lm_head_layout": None},
+                     "lm_head_layout": None, "dz_precision": "f32"},
     extra_check=lambda p, k, o: _validate_options(o),
     validate_options=_validate_options,
     per_token=per_token,
@@ -390,17 +404,12 @@ IMPLEMENTATION = Implementation(
 
 # xla_saved_logits: the time corner of the fused front (issue 38) -------------------------
 
-_SAVED_DEFAULTS = {"chunk_tokens": 1024, "chunk_vocab": 8192, "lm_head_layout": None,
+_SAVED_DEFAULTS = {"chunk_tokens": 8192, "chunk_vocab": 2048, "lm_head_layout": None,
                    "dz_precision": "x3"}
-# dz_precision -> (dhidden's, dlm_head's) 16-bit terms of dz (make_logp_entropy's dz_terms).
-_DZ_TERMS = {"x3": (3, 3), "x2": (2, 2), "x3_dlm_head": (1, 3), "f32": None}
 
 
 def _validate_saved(options: Mapping[str, Any]) -> None:
     _validate_options({**options, "matmul_precision": "highest"})
-    if options["dz_precision"] not in _DZ_TERMS:
-        raise RequestError(f"impl_options.dz_precision must be one of {sorted(_DZ_TERMS)}, "
-                           f"got {options['dz_precision']!r}")
     shift = options.get("_unsafe_lse_shift", 0)
     if isinstance(shift, bool) or not isinstance(shift, int):
         raise RequestError(f"_unsafe_lse_shift must be an integer, got {shift!r}")
@@ -434,5 +443,5 @@ IMPLEMENTATION_SAVED = Implementation(
     extra_check=lambda p, k, o: _validate_saved(o),
     validate_options=_validate_saved,
     per_token=saved_per_token,
-    search_space={"chunk_tokens": (1024, 2048), "chunk_vocab": (4096, 16384)},
+    search_space={"chunk_tokens": (2048, 8192), "chunk_vocab": (2048, 4096)},
 )
