@@ -181,7 +181,7 @@ fn svg(case: &str, pts: &[Point]) -> Option<String> {
 mod tests {
     use super::*;
     use crate::backends::Memory;
-    use crate::cost::roofline::{Bound, Roofline};
+    use crate::cost::roofline::Roofline;
     use crate::runner::TrialKind;
 
     const SEED: &str = "fused/bf16/b1_t8192_v151936_h4096/grpo/x";
@@ -195,16 +195,7 @@ mod tests {
             name,
             case,
         );
-        o.roofline = Some(Roofline {
-            generation: "v6e".into(),
-            peak_flops: 1.0,
-            hbm_bytes_per_s: 1.0,
-            mxu_s: t,
-            hbm_s: 0.0,
-            steps_s: 0.0,
-            time_s: t,
-            bound: Bound::Mxu,
-        });
+        o.roofline = Some(Roofline::mxu_bound_for_test(t));
         o.memory = Some(Memory {
             peak_bytes: Some(peak),
             floor_bytes: Some(100),

@@ -194,7 +194,7 @@ pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::roofline::{Bound, Roofline};
+    use crate::cost::roofline::Roofline;
 
     fn sweep_row(backend: &str, name: &str, t: f64) -> TrialOutcome {
         let mut o = TrialOutcome::new(
@@ -204,16 +204,7 @@ mod tests {
             name,
             "c",
         );
-        o.roofline = Some(Roofline {
-            generation: "v6e".into(),
-            peak_flops: 1.0,
-            hbm_bytes_per_s: 1.0,
-            mxu_s: t,
-            hbm_s: 0.0,
-            steps_s: 0.0,
-            time_s: t,
-            bound: Bound::Mxu,
-        });
+        o.roofline = Some(Roofline::mxu_bound_for_test(t));
         o
     }
 

@@ -207,7 +207,7 @@ fn yaml_scalar(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cost::roofline::{Bound, Roofline};
+    use crate::cost::roofline::Roofline;
     use crate::runner::TrialKind;
 
     fn row(
@@ -224,16 +224,7 @@ mod tests {
             "c",
         );
         o.verdict = verdict;
-        o.roofline = time_s.map(|t| Roofline {
-            generation: "v6e".into(),
-            peak_flops: 1.0,
-            hbm_bytes_per_s: 1.0,
-            mxu_s: t,
-            hbm_s: 0.0,
-            steps_s: 0.0,
-            time_s: t,
-            bound: Bound::Mxu,
-        });
+        o.roofline = time_s.map(Roofline::mxu_bound_for_test);
         (topology.to_string(), o)
     }
 

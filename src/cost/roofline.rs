@@ -238,6 +238,21 @@ pub fn human_time(s: f64) -> String {
 }
 
 impl Roofline {
+    /// A test aid: an MXU-bound v6e roofline of `time_s` seconds (unit rates).
+    #[cfg(test)]
+    pub(crate) fn mxu_bound_for_test(time_s: f64) -> Roofline {
+        Roofline {
+            generation: "v6e".into(),
+            peak_flops: 1.0,
+            hbm_bytes_per_s: 1.0,
+            mxu_s: time_s,
+            hbm_s: 0.0,
+            steps_s: 0.0,
+            time_s,
+            bound: Bound::Mxu,
+        }
+    }
+
     /// One line: the time, the bound, and each term with its inputs.
     pub fn describe(&self, cost: &DerivedCost) -> String {
         format!(
