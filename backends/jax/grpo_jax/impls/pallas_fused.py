@@ -82,6 +82,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ..spec import Knobs, Problem, RequestError
 from . import grpo_math
+from .dz_terms import product_of_terms
 from .interface import Capabilities, Implementation
 from .pallas_logits import _interpret
 from .tpu_layout import ITEMSIZE, LANE, SUBLANE, tpu_default_order
@@ -300,14 +301,8 @@ def _dlm_head_kernel(*refs, plan: Plan):
     if plan.dw_terms == 1:
         h = h.astype(plan.dz_dtype)
         upd = product(dz.astype(plan.dz_dtype))
-    else:  # dz = t1 + t2 + ... + rest, each term a single-pass matmul with h
-        upd, rest = None, dz
-        for k in range(plan.dw_terms):
-            term = rest.astype(plan.dtype)
-            part = product(term)
-            upd = part if upd is None else upd + part
-            if k + 1 < plan.dw_terms:
-                rest = rest - term.astype(f32)
+    else:  # dz as input-dtype terms, each a single-pass matmul with h
+        upd = product_of_terms(dz, plan.dtype, plan.dw_terms, product)
     acc[...] += upd
 
     @pl.when(i == pl.num_programs(1) - 1)

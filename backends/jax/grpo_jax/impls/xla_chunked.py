@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from ..spec import Knobs, Problem, RequestError
 from . import grpo_math
 from .baseline import round_to
+from .dz_terms import product_of_terms
 from .interface import Capabilities, Implementation
 from .tpu_layout import tpu_default_order
 
@@ -163,13 +164,7 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
         if terms is None or not narrow:
             return dot(dz, x.astype(f32))
         x16 = x.astype(dtype)
-        out, rest = None, dz
-        for _ in range(terms):  # dz = t1 + t2 + ... + rest, each term 16-bit
-            term = rest.astype(dtype)
-            part = dot(term, x16)
-            out = part if out is None else out + part
-            rest = rest - term.astype(f32)
-        return out
+        return product_of_terms(dz, dtype, terms, lambda term: dot(term, x16))
 
     store = dtype if logits_dtype == "input" else f32  # the saved logits' dtype
 
