@@ -165,13 +165,7 @@ fn svg(case: &str, pts: &[Point]) -> Option<String> {
                 .label(b.strip_prefix("tpu-aot-").unwrap_or(b).to_string())
                 .legend(move |(x, y)| Circle::new((x + 8, y), 5, color.filled()));
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .ok()?;
+        crate::report_speed::legend(&mut chart)?;
         root.present().ok()?;
     }
     Some(out)

@@ -57,6 +57,19 @@ pub fn rows(trials: &[&TrialOutcome]) -> Vec<[String; 9]> {
         .collect()
 }
 
+/// The series labels of a plot, upper right on a light box (the sweep and the front).
+pub(crate) fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+) -> Option<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .ok()
+}
+
 /// The sweep plot: roofline time (log axis) against option set, one series per topology,
 /// jax_baseline's roofline dashed in the same colour. `None` without sweep records.
 pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
@@ -143,13 +156,7 @@ pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
                     .ok()?;
             }
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .ok()?;
+        legend(&mut chart)?;
         root.present().ok()?;
     }
     let failed = sweep
