@@ -3,12 +3,15 @@
 # run here first, in the project root, to build what travels:
 #   bash scripts/gpu_check.sh prepare
 # then, on the GPU machine, in the project root (with .device/ taken along):
-#   OUT=<dir> bash scripts/gpu_check.sh run [bench|conformance|seeds]   (one part only)
+#   OUT=<dir> bash scripts/gpu_check.sh run ["PART ..."]   (parts, in the order given:
+#   smoke, bench, ci, seeds; default "smoke bench ci"; "conformance" = "smoke ci")
 # `run` writes under $OUT: versions.txt, bench.log (`grpo-suite bench` at the seeds' shapes),
 # cuda-errors.txt (CUDA error lines at exit; empty when teardown is clean) and gpu-check.tgz:
 # conformance-{smoke,ci}.{log,jsonl} (the harness over the smoke and ci tiers' pjrt-gpu
 # trials with configs/gpu.yaml, each cut at SMOKE_LIMIT_S / CI_LIMIT_S) and bench-*.jsonl.
-# `run seeds` (only when asked) runs the nightly tier's judged fused cases at the seeds'
+# CONFORMANCE_FILTER (a harness filter, default pjrt-gpu/) narrows smoke and ci;
+# BENCH_IMPL (a `--impl` alternation) and BENCH_CASES (space-separated case globs) narrow the
+# bench. `seeds` (only when asked) runs the nightly tier's judged fused cases at the seeds'
 # shapes and past 2^31 elements on reference and pjrt-gpu (`grpo-suite run`, cut at
 # SEEDS_LIMIT_S): seeds.log in $OUT, seeds.jsonl in the archive.
 set -uo pipefail
@@ -46,34 +49,42 @@ run)
   # so a run cut by its time limit still brings its verdicts).
   conformance() { # tier limit_s
     GRPO_SUITE=$1 GRPO_CONFIG=configs/gpu.yaml GRPO_REQUIRE_BACKENDS=reference,pjrt-gpu \
-      GRPO_RECORDS="$W/conformance-$1.jsonl" timeout "$2" .device/conformance pjrt-gpu/ \
+      GRPO_RECORDS="$W/conformance-$1.jsonl" timeout "$2" .device/conformance "${CONFORMANCE_FILTER:-pjrt-gpu/}" \
       >"$W/conformance-$1.log" 2>&1
     echo "conformance $1: exit $?" >>"$W/conformance-$1.log"
   }
-  part=${2:-all}
-  if [ "$part" = seeds ]; then
-    # SEEDS_FILTER / SEEDS_IMPL (space-separated names) narrow it for a short device lease.
-    impls=()
-    for i in ${SEEDS_IMPL:-}; do impls+=(--impl "$i"); done
-    t0=$(date +%s)
-    timeout "${SEEDS_LIMIT_S:-480}" .device/grpo-suite run --suite nightly --config configs/gpu.yaml \
-      --backend reference --backend pjrt-gpu --wide --records "$OUT/seeds.jsonl" "${impls[@]}" \
-      --filter "${SEEDS_FILTER:-*fused/bf16/b1_t8192_*_h4096/*|*fused/bf16/b2_t8192_v151936_h256/*}" >"$OUT/seeds.log" 2>&1
-    echo "seeds: exit $? after $(($(date +%s) - t0)) s" >>"$OUT/seeds.log"
-  fi
-  case "$part" in all | conformance) conformance smoke "${SMOKE_LIMIT_S:-120}" ;; esac
-  # `grpo-suite bench` at the seeds' shapes: one process per case, the lighter
-  # implementations first (the allocator's peak counts from the client's start, so a
-  # trial's device peak is its own only above every earlier trial's).
-  case "$part" in all | bench) ;; *) false ;; esac && for c in 'logits/bf16/b1_t4096_v151936/*' 'fused/bf16/b1_t8192_v151936_h4096/*' 'fused/bf16/b1_t8192_v151643_h4096/*'; do
-    n=$(echo "$c" | cut -d/ -f1,3 | tr / -)
-    timeout "${BENCH_LIMIT_S:-100}" .device/grpo-suite bench --config configs/gpu.yaml --backend pjrt-gpu --case "$c" \
-      --impl 'xla_chunked@1024x8192|xla_chunked@2048x16384-default|jax_baseline' \
-      --runs 10 --warmup 2 --json "$W/bench-$n.jsonl" >>"$OUT/bench.log" 2>&1
-    echo "bench $c: exit $?" >>"$OUT/bench.log"
+  parts=${2:-all}
+  case "$parts" in all) parts="smoke bench ci" ;; conformance) parts="smoke ci" ;; esac
+  bench_impl=${BENCH_IMPL:-'xla_chunked@1024x8192|xla_chunked@2048x16384-default|jax_baseline'}
+  for part in $parts; do
+    case "$part" in
+    smoke) conformance smoke "${SMOKE_LIMIT_S:-120}" ;;
+    ci) conformance ci "${CI_LIMIT_S:-100}" ;;
+    bench)
+      # `grpo-suite bench` at the seeds' shapes: one process per case, the lighter
+      # implementations first (the allocator's peak counts from the client's start, so a
+      # trial's device peak is its own only above every earlier trial's).
+      read -ra cases <<<"${BENCH_CASES:-logits/bf16/b1_t4096_v151936/* fused/bf16/b1_t8192_v151936_h4096/* fused/bf16/b1_t8192_v151643_h4096/*}"
+      for c in "${cases[@]}"; do
+        n=$(echo "$c" | cut -d/ -f1,3 | tr / -)
+        timeout "${BENCH_LIMIT_S:-100}" .device/grpo-suite bench --config configs/gpu.yaml --backend pjrt-gpu --case "$c" \
+          --impl "$bench_impl" --runs 10 --warmup 2 --json "$W/bench-$n.jsonl" >>"$OUT/bench.log" 2>&1
+        echo "bench $c: exit $?" >>"$OUT/bench.log"
+      done
+      ;;
+    seeds)
+      # SEEDS_FILTER / SEEDS_IMPL (space-separated names) narrow it for a short device lease.
+      impls=()
+      for i in ${SEEDS_IMPL:-}; do impls+=(--impl "$i"); done
+      t0=$(date +%s)
+      timeout "${SEEDS_LIMIT_S:-480}" .device/grpo-suite run --suite nightly --config configs/gpu.yaml \
+        --backend reference --backend pjrt-gpu --wide --records "$OUT/seeds.jsonl" "${impls[@]}" \
+        --filter "${SEEDS_FILTER:-*fused/bf16/b1_t8192_*_h4096/*|*fused/bf16/b2_t8192_v151936_h256/*}" >"$OUT/seeds.log" 2>&1
+      echo "seeds: exit $? after $(($(date +%s) - t0)) s" >>"$OUT/seeds.log"
+      ;;
+    *) echo "gpu_check: unknown part '$part' (smoke, bench, ci, seeds)" >&2; exit 2 ;;
+    esac
   done
-  # The ci tier for what time is left.
-  case "$part" in all | conformance) conformance ci "${CI_LIMIT_S:-100}" ;; esac
   shopt -s nullglob
   grep -hE 'cuda_executor|CUDA error|leaking' "$OUT"/*.log "$W"/*.log >"$OUT/cuda-errors.txt"
   tar czf "$OUT/gpu-check.tgz" -C "$W" .
@@ -81,7 +92,7 @@ run)
   grep -hE '^bench .*exit|^conformance|^test result|^seeds: exit|passed, .* failed' "$OUT"/*.log "$W"/*.log
   ;;
 *)
-  echo "usage: bash scripts/gpu_check.sh prepare | run [bench|conformance|seeds] (docs/gpu.md)" >&2
+  echo "usage: bash scripts/gpu_check.sh prepare | run [\"PART ...\"] (smoke, bench, ci, seeds; docs/gpu.md)" >&2
   exit 2
   ;;
 esac

@@ -19,6 +19,12 @@ with the bf16 operand that way, and at DEFAULT an accelerator rounds the cotange
 H100 did, in TF32: docs/gpu.md). So a CPU run gives, to f32 rounding of the
 accumulation, the numbers a TPU would give, and the gates judge those.
 
+It also emulates **excess precision**: a convert to f32 of a 16-bit value that was itself
+converted from f32 gives back the f32 value (``excess_precision``), as XLA:GPU's
+``SimplifyFPConversions`` pass does under its default ``xla_allow_excess_precision``. A
+kernel that relies on that round trip's rounding (an error-free split ``x - f32(bf16(x))``)
+then computes on the CPU what it computed on an H100 (docs/gpu.md, "Excess precision").
+
 Not emulated: dots inside a Pallas kernel (Mosaic's DEFAULT is fp32), a narrower operand
 that is not bf16 (an f16 operand's 10 mantissa bits are kept, as GPU's tensor cores do;
 a TPU has no f16 MXU path), and the accumulation order of the MXU (f32 either way).
@@ -31,9 +37,9 @@ import os
 import threading
 from typing import Iterator, Optional
 
-# Bumped when what is emulated changes: part of every cpu export's cache key (2: mixed
-# f32 × narrower dots are emulated too).
-EMULATION_VERSION = 2
+# Bumped when what is emulated changes (every cpu export's cache key holds this module's
+# source too). 2: mixed f32 × narrower dots are emulated; 3: excess precision.
+EMULATION_VERSION = 3
 
 # Precision classes: what an accelerator does with an f32×f32 dot.
 REDUCED_BF16 = "bf16"   # DEFAULT: TPU one bf16 pass (GPU: TF32)
@@ -148,8 +154,9 @@ def _pallas_rule(inner):
 @contextlib.contextmanager
 def watch(platform: str) -> Iterator[list]:
     """While lowering for ``platform``: the list filled with every dot that has an f32
-    operand (``summarize`` merges repeats); on ``cpu``, reduced-precision f32 dots are
-    emulated (module docstring). Restores jax's rules on exit."""
+    operand (``summarize`` merges repeats); on ``cpu``, reduced-precision f32 dots and
+    XLA:GPU's excess precision are emulated (module docstring). Restores jax's rules on
+    exit."""
     from jax._src.interpreters import mlir
     from jax._src.lax import lax as lax_internal
     from jax._src.pallas import pallas_call as pc
@@ -171,7 +178,8 @@ def watch(platform: str) -> Iterator[list]:
     table[pc.pallas_call_p] = mlir.LoweringRuleEntry(
         _pallas_rule(inner_rule(pc.pallas_call_p)), True)
     try:
-        yield _state.dots
+        with excess_precision(platform) if platform == "cpu" else contextlib.nullcontext():
+            yield _state.dots
     finally:
         for prim, entry in saved.items():
             if entry is None:
@@ -181,6 +189,50 @@ def watch(platform: str) -> Iterator[list]:
         _state.kernel = None
         if not was_uncacheable:
             mlir._uncacheable_primitives.discard(lax_internal.dot_general_p)
+
+
+def _excess_rule(inner):
+    import numpy as np
+
+    def rule(ctx, operand, **params):
+        src, dst = (np.dtype(a.dtype) for a in (ctx.avals_in[0], ctx.avals_out[0]))
+        owner = getattr(operand, "owner", None)  # an op, or a block for an argument
+        if (dst == np.float32 and src.itemsize == 2 and getattr(_state, "kernel", None) is None
+                and getattr(owner, "name", None) == "stablehlo.convert"):
+            from jax._src.interpreters import mlir
+            x = owner.operands[0]
+            if x.type == mlir.aval_to_ir_type(ctx.module_context, ctx.avals_out[0]):  # f32, same shape
+                return [x]
+        return inner(ctx, operand, **params)
+    return rule
+
+
+@contextlib.contextmanager
+def excess_precision(platform: str = "cpu") -> Iterator[None]:
+    """While lowering for ``platform``: a convert to f32 of a 16-bit value that was itself
+    converted from f32 gives the f32 value, as XLA:GPU's ``SimplifyFPConversions`` does
+    under its default ``xla_allow_excess_precision`` (outside Pallas kernels). A kernel
+    that forms a residual as ``x - f32(bf16(x))`` then sees zero, as it did on an H100
+    (docs/gpu.md, "Excess precision"); XLA:CPU keeps the pair."""
+    from jax._src.interpreters import mlir
+    from jax._src.lax import lax as lax_internal
+    prim = lax_internal.convert_element_type_p
+    table = mlir._platform_specific_lowerings[platform]
+    saved = table.get(prim)
+    inner = (saved or mlir._lowerings[prim]).rule
+    # Lowered inline: a cached lowering would see its operand as a function argument.
+    was_uncacheable = prim in mlir._uncacheable_primitives
+    mlir._uncacheable_primitives.add(prim)
+    table[prim] = mlir.LoweringRuleEntry(_excess_rule(inner), True)
+    try:
+        yield
+    finally:
+        if saved is None:
+            table.pop(prim, None)
+        else:
+            table[prim] = saved
+        if not was_uncacheable:
+            mlir._uncacheable_primitives.discard(prim)
 
 
 def summarize(dots: list) -> list:
