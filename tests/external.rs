@@ -417,6 +417,20 @@ fn an_entry_python_exports_in_its_own_environment() {
             v["exporter_python"]
         );
     }
+    // The installed copy goes stale (the checkout's sources change after the install; here
+    // the copy changes, which is the same difference): refused with one line, never run
+    // as if it were this checkout's code.
+    let copy = Path::new(&own_site).join("grpo_jax/spec.py");
+    let mut src = std::fs::read_to_string(&copy).unwrap();
+    src.push_str("\n# an older copy\n");
+    std::fs::write(&copy, src).unwrap();
+    let (o, _d) = run(&cfg, &["--filter", "fused/"], &[("GRPO_ARTIFACTS", art.to_str().unwrap())]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("is not this checkout's") && e.contains("-m pip install"),
+        "{e}"
+    );
 }
 
 /// A kernel that lives outside its wrapper's package (the MLLM-JAX example's layout: the

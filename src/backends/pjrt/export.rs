@@ -709,7 +709,7 @@ fn check_python(env: &PyEnv) -> Result<()> {
     if CHECKED.lock().unwrap().iter().any(|p| p == env) {
         return Ok(());
     }
-    let probe = "import importlib.util, sys\nprint('grpo-probe')\nif importlib.util.find_spec('grpo_jax') is None: sys.exit(3)\ntry:\n    from grpo_jax.protocol import PROTOCOL_VERSION\nexcept ImportError:\n    sys.exit(5)\nprint('protocol', PROTOCOL_VERSION)";
+    let probe = "import importlib.util, sys\nprint('grpo-probe')\nspec = importlib.util.find_spec('grpo_jax')\nif spec is None: sys.exit(3)\nprint('package', list(spec.submodule_search_locations)[0])\ntry:\n    from grpo_jax.protocol import PROTOCOL_VERSION\nexcept ImportError:\n    sys.exit(5)\nprint('protocol', PROTOCOL_VERSION)";
     let out = env.command().args(["-c", probe]).output();
     let python = env.python.display();
     let hint = format!(
@@ -744,10 +744,36 @@ fn check_python(env: &PyEnv) -> Result<()> {
                     env.describe()
                 );
             }
+            if let Some(theirs) = stdout.lines().find_map(|l| l.strip_prefix("package ")) {
+                check_same_package(Path::new(theirs.trim()), env, &install)?;
+            }
             CHECKED.lock().unwrap().push(env.clone());
             Ok(())
         }
     }
+}
+
+/// Refuses an exporter whose `grpo_jax` is not this checkout's: an installed copy (a
+/// venv set up before the sources changed) would export old code under the identity of
+/// the new, and every verdict would be stale.
+fn check_same_package(theirs: &Path, env: &PyEnv, install: &str) -> Result<()> {
+    let ours = crate::repo_root().join("backends/jax/grpo_jax");
+    let same_dir = match (theirs.canonicalize(), ours.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same_dir
+        || crate::run_identity::python_sources_digest(&[theirs.to_path_buf()])
+            == crate::run_identity::python_sources_digest(&[ours.clone()])
+    {
+        return Ok(());
+    }
+    bail!(
+        "the grpo_jax in {} ({}) is not this checkout's: its sources differ from {} (installed before they changed?); reinstall it with `{install}`, or install it editable (`-e`)",
+        env.describe(),
+        theirs.display(),
+        ours.display()
+    )
 }
 
 /// The key of an export answer: the entry as the exporter sees it (name, id, options,
