@@ -45,6 +45,21 @@ fn one() -> u64 {
     1
 }
 
+/// A 16-bit round trip (f32 → 16-bit → f32) that a `cpu` export removed, as XLA:GPU does
+/// under excess precision (docs/spec.md, "Precision"); equal ones merged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoundTrip {
+    /// The 16-bit value's type, e.g. `bf16[16,1000]`.
+    #[serde(rename = "type")]
+    pub ty: String,
+    /// The user function that wrote it.
+    #[serde(rename = "where")]
+    pub location: String,
+    /// How many such round trips the module had.
+    #[serde(default = "one")]
+    pub count: u64,
+}
+
 impl Dot {
     /// What an accelerator does with this dot when both operands are f32: `Some("bf16")`
     /// (one bf16 pass on TPU) or `Some("tf32")` (TPU's three passes, GPU's TF32), or None
@@ -103,13 +118,21 @@ pub struct PrecisionReport {
     /// The FAIL line (one line naming each such matmul), when failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The 16-bit round trips a `cpu` export removed (emulated excess precision).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub round_trips: Vec<RoundTrip>,
 }
 
 impl PrecisionReport {
     /// The verdict on a module's recorded dots; None when it has no matmul with an f32
-    /// operand (nothing to say).
-    pub fn judge(platform: &str, dots: &[Dot], declared: Option<&str>) -> Option<Self> {
-        if dots.is_empty() {
+    /// operand and no removed round trip (nothing to say).
+    pub fn judge(
+        platform: &str,
+        dots: &[Dot],
+        declared: Option<&str>,
+        round_trips: &[RoundTrip],
+    ) -> Option<Self> {
+        if dots.is_empty() && round_trips.is_empty() {
             return None;
         }
         let bad: Vec<&Dot> = dots.iter().filter(|d| d.reduced_on(platform)).collect();
@@ -130,6 +153,7 @@ impl PrecisionReport {
             declared: declared.map(String::from),
             passed,
             message,
+            round_trips: round_trips.to_vec(),
         })
     }
 
@@ -153,10 +177,11 @@ impl PrecisionReport {
                 None => by.push((d.precision.clone(), d.count, d.emulated.is_some())),
             }
         }
-        if by.is_empty() {
+        let trips: u64 = self.round_trips.iter().map(|r| r.count).sum();
+        if by.is_empty() && trips == 0 {
             return None;
         }
-        let parts: Vec<String> = by
+        let mut parts: Vec<String> = by
             .iter()
             .map(|(p, n, emulated)| {
                 let em = if *emulated { " (emulated)" } else { "" };
@@ -166,6 +191,12 @@ impl PrecisionReport {
                 )
             })
             .collect();
+        if trips > 0 {
+            parts.push(format!(
+                "{trips} 16-bit round trip{} removed (emulated excess precision)",
+                if trips == 1 { "" } else { "s" }
+            ));
+        }
         Some(parts.join(", "))
     }
 }
@@ -204,7 +235,7 @@ mod tests {
     #[test]
     fn an_undeclared_default_f32_dot_fails_on_tpu_and_cuda_and_not_on_cpu() {
         let dots = [dot("DEFAULT", None, false), dot("HIGHEST", None, false)];
-        let tpu = PrecisionReport::judge("tpu", &dots, None).unwrap();
+        let tpu = PrecisionReport::judge("tpu", &dots, None, &[]).unwrap();
         assert!(!tpu.passed);
         let m = tpu.message.unwrap();
         assert!(
@@ -216,15 +247,15 @@ mod tests {
                 && !m.contains('\n'),
             "{m}"
         );
-        assert!(!PrecisionReport::judge("cuda", &dots, None).unwrap().passed);
-        assert!(PrecisionReport::judge("cpu", &dots, None).unwrap().passed);
+        assert!(!PrecisionReport::judge("cuda", &dots, None, &[]).unwrap().passed);
+        assert!(PrecisionReport::judge("cpu", &dots, None, &[]).unwrap().passed);
     }
 
     #[test]
     fn high_is_reduced_too_and_a_declaration_lets_both_through() {
         let dots = [dot("HIGH", None, false)];
-        assert!(!PrecisionReport::judge("tpu", &dots, None).unwrap().passed);
-        let declared = PrecisionReport::judge("tpu", &dots, Some("matmul_precision: default"));
+        assert!(!PrecisionReport::judge("tpu", &dots, None, &[]).unwrap().passed);
+        let declared = PrecisionReport::judge("tpu", &dots, Some("matmul_precision: default"), &[]);
         assert!(declared.unwrap().passed);
     }
 
@@ -235,12 +266,12 @@ mod tests {
             dot("DEFAULT", None, true),
             dot("DEFAULT", Some("grpo_fused_fwd"), false),
         ];
-        let r = PrecisionReport::judge("tpu", &dots, None).unwrap();
+        let r = PrecisionReport::judge("tpu", &dots, None, &[]).unwrap();
         assert!(r.passed, "{r:?}");
         assert_eq!(r.summary(), None);
         // A Pallas kernel's DEFAULT dot on a GPU is TF32 there.
-        assert!(!PrecisionReport::judge("cuda", &dots, None).unwrap().passed);
-        assert_eq!(PrecisionReport::judge("tpu", &[], None), None);
+        assert!(!PrecisionReport::judge("cuda", &dots, None, &[]).unwrap().passed);
+        assert_eq!(PrecisionReport::judge("tpu", &[], None, &[]), None);
     }
 
     #[test]
@@ -249,10 +280,37 @@ mod tests {
         a.count = 2;
         a.emulated = Some("bf16".into());
         let dots = [a, dot("DEFAULT", None, false), dot("HIGHEST", None, false)];
-        let r = PrecisionReport::judge("cpu", &dots, None).unwrap();
+        let r = PrecisionReport::judge("cpu", &dots, None, &[]).unwrap();
         assert_eq!(
             r.summary().as_deref(),
             Some("3 f32 matmuls at DEFAULT (emulated)")
         );
+    }
+
+    #[test]
+    fn removed_round_trips_are_said_and_do_not_fail_the_module() {
+        let trip = RoundTrip {
+            ty: "bf16[16,1000]".into(),
+            location: "_logits_f32 (grpo_fused_lm_head.py:124)".into(),
+            count: 2,
+        };
+        // A module with no f32 matmul still says what the emulation changed.
+        let r = PrecisionReport::judge("cpu", &[], None, std::slice::from_ref(&trip)).unwrap();
+        assert!(r.passed);
+        assert_eq!(
+            r.summary().as_deref(),
+            Some("2 16-bit round trips removed (emulated excess precision)")
+        );
+        let mut a = dot("DEFAULT", None, false);
+        a.emulated = Some("bf16".into());
+        let r = PrecisionReport::judge("cpu", &[a], None, &[trip]).unwrap();
+        assert_eq!(
+            r.summary().as_deref(),
+            Some("1 f32 matmul at DEFAULT (emulated), 2 16-bit round trips removed (emulated excess precision)")
+        );
+        // Read back from a manifest's JSON as the exporter writes it.
+        let t: RoundTrip =
+            serde_json::from_str(r#"{"type": "bf16[4]", "where": "f (k.py:3)", "count": 1}"#).unwrap();
+        assert_eq!((t.ty.as_str(), t.count), ("bf16[4]", 1));
     }
 }

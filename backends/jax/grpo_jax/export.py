@@ -25,7 +25,8 @@ implementation writes (even from C) can corrupt the result stream.
 The manifest lists every matmul with an f32 operand (``f32_dots``: operand types,
 precision, the function or kernel it is in) and what the implementation declares about
 reduced precision (``declared_precision``); a ``cpu`` export computes reduced-precision f32
-matmuls as an accelerator would (``precision.py``).
+matmuls as an accelerator would, and removes 16-bit round trips as XLA:GPU does, listing
+each (``round_trips``; ``precision.py``).
 Artifacts: ``<dir>/module.mlirbc`` (``Exported.mlir_module_serialized``: StableHLO portable
 bytecode, one platform, unused arguments dropped) and ``<dir>/manifest.json``.
 """
@@ -215,11 +216,13 @@ def handle_request(req, cache_dir: Path) -> dict:
         mod = module_problem(norm, built.problem)
         with precision.watch(norm["platform"]) as dots:
             exported = export_function(built.fn, mod, built.shardings)
+            round_trips = precision.round_trips()
         manifest = manifest_for(norm, key, exported, built.shardings)
         if norm["platform"] == "tpu":
             manifest.update(derive_kernels(built.fn, mod))
         manifest["f32_dots"] = (precision.summarize(dots)
                                 + precision.kernel_dots(manifest.get("kernels", [])))
+        manifest["round_trips"] = round_trips  # removed by the cpu emulation (precision.py)
         manifest["declared_precision"] = built.impl.declared_precision(norm["impl_options"])
         cache.store(cache_dir, key, exported.mlir_module_serialized, manifest)
         return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": False}

@@ -172,6 +172,7 @@ def watch(platform: str) -> Iterator[list]:
     was_uncacheable = lax_internal.dot_general_p in mlir._uncacheable_primitives
     mlir._uncacheable_primitives.add(lax_internal.dot_general_p)
     _state.dots = []
+    _state.round_trips = []
     _state.kernel = None
     table[lax_internal.dot_general_p] = mlir.LoweringRuleEntry(
         _dot_rule(inner_rule(lax_internal.dot_general_p), emulate=platform == "cpu"), True)
@@ -202,6 +203,10 @@ def _excess_rule(inner):
             from jax._src.interpreters import mlir
             x = owner.operands[0]
             if x.type == mlir.aval_to_ir_type(ctx.module_context, ctx.avals_out[0]):  # f32, same shape
+                trips = getattr(_state, "round_trips", None)
+                if trips is not None:
+                    trips.append({"type": _type(ctx.avals_in[0]), "where": _where(ctx.traceback),
+                                  "count": 1})
                 return [x]
         return inner(ctx, operand, **params)
     return rule
@@ -233,6 +238,12 @@ def excess_precision(platform: str = "cpu") -> Iterator[None]:
             table[prim] = saved
         if not was_uncacheable:
             mlir._uncacheable_primitives.discard(prim)
+
+
+def round_trips() -> list:
+    """The 16-bit round trips the excess-precision emulation removed while the current
+    ``watch`` lowered its module (``type``: the 16-bit value's, ``where``, ``count``)."""
+    return summarize(getattr(_state, "round_trips", None) or [])
 
 
 def summarize(dots: list) -> list:

@@ -133,3 +133,25 @@ def test_a_kernel_computes_the_same_under_excess_precision(impl, options, monkey
     monkeypatch.setattr(xla_chunked, "product_of_terms", _round_trip_split)
     plain, emulated = outputs(False), outputs(True)
     assert not np.array_equal(plain[-1], emulated[-1])  # dlm_head
+
+
+def test_an_export_lists_the_round_trips_it_removed():
+    """The cpu export's manifest says where the emulation changed the module (the table
+    then says so beside the verdict); a module without a round trip lists none."""
+    x = jnp.ones((4, 8), f32)
+
+    def exported(fn):
+        with precision.watch("cpu"):
+            jax.export.export(jax.jit(fn), platforms=["cpu"])(jax.ShapeDtypeStruct(x.shape, x.dtype))
+            return precision.round_trips()
+
+    trips = exported(lambda x: x - x.astype(jnp.bfloat16).astype(f32))
+    assert [(t["type"], t["count"]) for t in trips] == [("bf16[4,8]", 1)]
+    assert "test_dz_terms.py" in trips[0]["where"]
+    w = jnp.ones((8, 2), jnp.bfloat16)
+    dot = lambda t: jax.lax.dot_general(t, w, (((1,), (0,)), ((), ())), preferred_element_type=f32)
+    assert exported(lambda x: product_of_terms(x, jnp.bfloat16, 3, dot)) == []
+    with precision.watch("tpu"):  # only the cpu export emulates
+        jax.export.export(jax.jit(lambda x: x - x.astype(jnp.bfloat16).astype(f32)),
+                          platforms=["tpu"])(jax.ShapeDtypeStruct(x.shape, x.dtype))
+        assert precision.round_trips() == []

@@ -383,6 +383,9 @@ pub struct Manifest {
     /// The implementation's declaration of reduced precision under its options, if any.
     #[serde(default)]
     pub declared_precision: Option<String>,
+    /// The 16-bit round trips a cpu export removed (emulated excess precision).
+    #[serde(default)]
+    pub round_trips: Vec<crate::precision::RoundTrip>,
 }
 
 impl Manifest {
@@ -392,6 +395,7 @@ impl Manifest {
             &self.platform,
             &self.f32_dots,
             self.declared_precision.as_deref(),
+            &self.round_trips,
         )
     }
 }
@@ -1191,6 +1195,7 @@ mod tests {
             kernel_cost_error: None,
             f32_dots: Vec::new(),
             declared_precision: None,
+            round_trips: Vec::new(),
         }
     }
 
