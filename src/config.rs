@@ -74,8 +74,9 @@ fn default_export_timeout() -> u64 {
 }
 
 /// A known, tracked failure (wasmtime's `should_fail` discipline): the matching trials
-/// still run; a failure or error is "expected", a pass is an error asking to remove the
-/// entry, and an entry that matches no trial of the suite is an error (stale).
+/// still run; a failure (or, with `errors`, an error) is "expected", a pass is an error
+/// asking to remove the entry, and an entry that matches no trial of the suite is an
+/// error (stale).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ExpectedFailure {
@@ -96,6 +97,11 @@ pub struct ExpectedFailure {
     /// id) or `trajectory` (trajectory trials, `cases` matching `<case id>/<trajectory>`).
     #[serde(default)]
     pub kind: ExpectedKind,
+    /// Whether the entry also covers trials that end in an error (not judged: an export,
+    /// compile or contract error, a crash, a timeout). By default it covers failures only
+    /// (gates or budgets judged and missed), and an error under it stays an error.
+    #[serde(default)]
+    pub errors: bool,
 }
 
 /// The kind of trial an expected failure covers.
