@@ -523,6 +523,49 @@ fn a_repeated_message_is_printed_once_with_its_count() {
     );
 }
 
+/// An expected-failure entry covers failures, not errors: a kernel that no longer exports
+/// under an entry written for a miss is an ERROR naming the entry (exit 1); with
+/// `errors: true` it is an expected failure that keeps the error's text (exit 0).
+#[test]
+fn an_expected_failure_does_not_hide_an_error_unless_it_says_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    std::fs::write(
+        bad.join("raiser.py"),
+        "import dataclasses\nfrom grpo_jax.impls import baseline\n\
+         def _build(problem, knobs, options):\n    raise ValueError('the kernel cannot trace this')\n\
+         IMPL = dataclasses.replace(baseline.IMPLEMENTATION, id='raiser', build=_build)\n",
+    )
+    .unwrap();
+    for errors in [false, true] {
+        let cfg = dir.path().join(format!("c{errors}.yaml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "backends:\n  pjrt-cpu:\n    implementations:\n      - {{id: 'raiser:IMPL', name: raiser, pythonpath: [bad]}}\n\
+                 expected_failures:\n  - {{implementation: raiser, cases: 'logits/f32/*', reason: 'over its budget', errors: {errors}}}\n"
+            ),
+        )
+        .unwrap();
+        let (o, d) = run(&cfg, &["--filter", "pjrt-cpu/raiser/logits/f32/"], &[]);
+        let out = text(&o);
+        let recs = records(&d);
+        assert!(!recs.is_empty(), "{out}");
+        for r in &recs {
+            let why = r["reason"].as_str().unwrap_or_default();
+            if errors {
+                assert_eq!(r["verdict"], "expected_fail", "{out}");
+                assert!(why.contains("over its budget") && why.contains("the kernel cannot trace this"), "{why}");
+            } else {
+                assert_eq!(r["verdict"], "error", "a budget's entry hid an error: {out}");
+                assert!(why.contains("the kernel cannot trace this") && why.contains("not covered by the expected failure"), "{why}");
+            }
+        }
+        assert_eq!(o.status.code(), Some(if errors { 0 } else { 1 }), "{out}");
+    }
+}
+
 #[test]
 fn a_trl_style_minimum_fails_the_clip_edge_case_with_the_tie_hint() {
     let dir = tempfile::tempdir().unwrap();
