@@ -247,14 +247,26 @@ mod tests {
                 && !m.contains('\n'),
             "{m}"
         );
-        assert!(!PrecisionReport::judge("cuda", &dots, None, &[]).unwrap().passed);
-        assert!(PrecisionReport::judge("cpu", &dots, None, &[]).unwrap().passed);
+        assert!(
+            !PrecisionReport::judge("cuda", &dots, None, &[])
+                .unwrap()
+                .passed
+        );
+        assert!(
+            PrecisionReport::judge("cpu", &dots, None, &[])
+                .unwrap()
+                .passed
+        );
     }
 
     #[test]
     fn high_is_reduced_too_and_a_declaration_lets_both_through() {
         let dots = [dot("HIGH", None, false)];
-        assert!(!PrecisionReport::judge("tpu", &dots, None, &[]).unwrap().passed);
+        assert!(
+            !PrecisionReport::judge("tpu", &dots, None, &[])
+                .unwrap()
+                .passed
+        );
         let declared = PrecisionReport::judge("tpu", &dots, Some("matmul_precision: default"), &[]);
         assert!(declared.unwrap().passed);
     }
@@ -270,7 +282,11 @@ mod tests {
         assert!(r.passed, "{r:?}");
         assert_eq!(r.summary(), None);
         // A Pallas kernel's DEFAULT dot on a GPU is TF32 there.
-        assert!(!PrecisionReport::judge("cuda", &dots, None, &[]).unwrap().passed);
+        assert!(
+            !PrecisionReport::judge("cuda", &dots, None, &[])
+                .unwrap()
+                .passed
+        );
         assert_eq!(PrecisionReport::judge("tpu", &[], None, &[]), None);
     }
 
@@ -310,7 +326,8 @@ mod tests {
         );
         // Read back from a manifest's JSON as the exporter writes it.
         let t: RoundTrip =
-            serde_json::from_str(r#"{"type": "bf16[4]", "where": "f (k.py:3)", "count": 1}"#).unwrap();
+            serde_json::from_str(r#"{"type": "bf16[4]", "where": "f (k.py:3)", "count": 1}"#)
+                .unwrap();
         assert_eq!((t.ty.as_str(), t.count), ("bf16[4]", 1));
     }
 }

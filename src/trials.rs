@@ -1126,8 +1126,13 @@ mod expected_tests {
     fn an_entry_covers_a_failure_and_turns_a_pass_into_an_unexpected_pass() {
         for errors in [false, true] {
             let e = entry(errors);
-            assert!(matches!(judged(Verdict::Fail, &e), Verdict::ExpectedFail(r) if r.starts_with("over its speed budget")));
-            assert!(matches!(judged(Verdict::Pass, &e), Verdict::UnexpectedPass(_)));
+            assert!(
+                matches!(judged(Verdict::Fail, &e), Verdict::ExpectedFail(r) if r.starts_with("over its speed budget"))
+            );
+            assert!(matches!(
+                judged(Verdict::Pass, &e),
+                Verdict::UnexpectedPass(_)
+            ));
         }
     }
 
@@ -1136,13 +1141,22 @@ mod expected_tests {
         let err = || Verdict::Error("export failed: NotImplementedError: gather".into());
         match judged(err(), &entry(false)) {
             Verdict::Error(m) => {
-                assert!(m.starts_with("export failed: NotImplementedError: gather"), "{m}");
-                assert!(m.contains("not covered by the expected failure") && m.contains("errors: true"), "{m}");
+                assert!(
+                    m.starts_with("export failed: NotImplementedError: gather"),
+                    "{m}"
+                );
+                assert!(
+                    m.contains("not covered by the expected failure") && m.contains("errors: true"),
+                    "{m}"
+                );
             }
             v => panic!("a budget's entry hid an error: {v:?}"),
         }
         match judged(err(), &entry(true)) {
-            Verdict::ExpectedFail(r) => assert!(r.ends_with("export failed: NotImplementedError: gather"), "the error's text is kept: {r}"),
+            Verdict::ExpectedFail(r) => assert!(
+                r.ends_with("export failed: NotImplementedError: gather"),
+                "the error's text is kept: {r}"
+            ),
             v => panic!("{v:?}"),
         }
     }

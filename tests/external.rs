@@ -424,7 +424,11 @@ fn an_entry_python_exports_in_its_own_environment() {
     let mut src = std::fs::read_to_string(&copy).unwrap();
     src.push_str("\n# an older copy\n");
     std::fs::write(&copy, src).unwrap();
-    let (o, _d) = run(&cfg, &["--filter", "fused/"], &[("GRPO_ARTIFACTS", art.to_str().unwrap())]);
+    let (o, _d) = run(
+        &cfg,
+        &["--filter", "fused/"],
+        &[("GRPO_ARTIFACTS", art.to_str().unwrap())],
+    );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -484,10 +488,9 @@ fn an_edited_kernel_outside_the_wrappers_package_is_exported_again() {
     );
 }
 
-/// A message many trials share (an implementation that raises on every case) is printed
-/// in full once; the later trials name the first, and a count closes the list.
-#[test]
-fn a_repeated_message_is_printed_once_with_its_count() {
+/// A temporary directory with `bad/raiser.py`: `raiser:IMPL`, jax_baseline whose build
+/// raises on every case.
+fn raiser_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad");
     std::fs::create_dir_all(&bad).unwrap();
@@ -498,6 +501,14 @@ fn a_repeated_message_is_printed_once_with_its_count() {
          IMPL = dataclasses.replace(baseline.IMPLEMENTATION, id='raiser', build=_build)\n",
     )
     .unwrap();
+    dir
+}
+
+/// A message many trials share (an implementation that raises on every case) is printed
+/// in full once; the later trials name the first, and a count closes the list.
+#[test]
+fn a_repeated_message_is_printed_once_with_its_count() {
+    let dir = raiser_dir();
     let cfg = dir.path().join("c.yaml");
     std::fs::write(
         &cfg,
@@ -528,16 +539,7 @@ fn a_repeated_message_is_printed_once_with_its_count() {
 /// `errors: true` it is an expected failure that keeps the error's text (exit 0).
 #[test]
 fn an_expected_failure_does_not_hide_an_error_unless_it_says_errors() {
-    let dir = tempfile::tempdir().unwrap();
-    let bad = dir.path().join("bad");
-    std::fs::create_dir_all(&bad).unwrap();
-    std::fs::write(
-        bad.join("raiser.py"),
-        "import dataclasses\nfrom grpo_jax.impls import baseline\n\
-         def _build(problem, knobs, options):\n    raise ValueError('the kernel cannot trace this')\n\
-         IMPL = dataclasses.replace(baseline.IMPLEMENTATION, id='raiser', build=_build)\n",
-    )
-    .unwrap();
+    let dir = raiser_dir();
     for errors in [false, true] {
         let cfg = dir.path().join(format!("c{errors}.yaml"));
         std::fs::write(
@@ -556,10 +558,20 @@ fn an_expected_failure_does_not_hide_an_error_unless_it_says_errors() {
             let why = r["reason"].as_str().unwrap_or_default();
             if errors {
                 assert_eq!(r["verdict"], "expected_fail", "{out}");
-                assert!(why.contains("over its budget") && why.contains("the kernel cannot trace this"), "{why}");
+                assert!(
+                    why.contains("over its budget") && why.contains("the kernel cannot trace this"),
+                    "{why}"
+                );
             } else {
-                assert_eq!(r["verdict"], "error", "a budget's entry hid an error: {out}");
-                assert!(why.contains("the kernel cannot trace this") && why.contains("not covered by the expected failure"), "{why}");
+                assert_eq!(
+                    r["verdict"], "error",
+                    "a budget's entry hid an error: {out}"
+                );
+                assert!(
+                    why.contains("the kernel cannot trace this")
+                        && why.contains("not covered by the expected failure"),
+                    "{why}"
+                );
             }
         }
         assert_eq!(o.status.code(), Some(if errors { 0 } else { 1 }), "{out}");
