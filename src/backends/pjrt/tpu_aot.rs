@@ -234,7 +234,7 @@ impl TpuAot {
         let t0 = Instant::now();
         let exe = topo
             .compile(&program, &options)
-            .map_err(|e| anyhow!("TPU compile for {} failed: {e}", self.topology))?;
+            .map_err(|e| anyhow!(compile_failure(&self.topology, "", &e, module)))?;
         let compile_s = t0.elapsed().as_secs_f64();
         let with_vmem = memory_of(&exe, "").and_then(|m| m.peak_bytes);
         let derived = derive_cost(&exe, manifest, crate::cost::Accelerator::Tpu);
@@ -256,10 +256,8 @@ impl TpuAot {
             ));
         }
         let exe_hbm = topo.compile(&program, &hbm_only).map_err(|e| {
-            anyhow!(
-                "TPU compile for {} with {HBM_ONLY_OPTION}=false failed: {e}",
-                self.topology
-            )
+            let with = format!(" with {HBM_ONLY_OPTION}=false");
+            anyhow!(compile_failure(&self.topology, &with, &e, module))
         })?;
         let mut memory = memory_of(
             &exe_hbm,
@@ -337,7 +335,7 @@ impl TpuAot {
             .map_err(|e| format!("{e:#}"))?;
         let exe = topo
             .compile(&Program::mlir_bytecode(code), &options)
-            .map_err(|e| format!("TPU compile for {} failed: {e}", self.topology))?;
+            .map_err(|e| compile_failure(&self.topology, "", &e, module))?;
         derive_cost(&exe, manifest, crate::cost::Accelerator::Tpu)
     }
 
@@ -555,6 +553,27 @@ impl Backend for TpuAot {
     }
 }
 
+/// The one-line error of a failed compile: `TPU compile for <topology><with> failed:` and
+/// the compiler's first line. A longer message (libtpu's VMEM report runs to dozens of
+/// lines) is written whole beside the module, and the line names that file.
+fn compile_failure(topology: &str, with: &str, e: &dyn std::fmt::Display, module: &Path) -> String {
+    let text = e.to_string();
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or("no message").to_string();
+    let head = format!("TPU compile for {topology}{with} failed: {first}");
+    if lines.next().is_none() {
+        return head;
+    }
+    let name = format!("compile-error-{}.txt", topology.replace([':', '/'], "_"));
+    let path = module.with_file_name(name);
+    super::export::write_atomically(&path, &format!("{head}\n{text}"));
+    if path.exists() {
+        format!("{head} (the compiler's whole message: {})", path.display())
+    } else {
+        format!("{head} ({} more lines not kept)", text.lines().count() - 1)
+    }
+}
+
 #[cfg(test)]
 mod chip_tests {
     #[test]
@@ -565,5 +584,45 @@ mod chip_tests {
         assert_eq!(super::topology_chips("bogus"), None);
         assert_eq!(super::topology_devices("v6e:2x4"), Some(8));
         assert_eq!(super::topology_devices("tpu7x:2x2x1"), Some(8));
+    }
+}
+
+#[cfg(test)]
+mod compile_failure_tests {
+    use super::compile_failure;
+
+    #[test]
+    fn a_long_compiler_message_is_one_line_naming_the_file_that_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let module = dir.path().join("module.mlirbc");
+        let vmem = "XLA:TPU compile permanent error. Used 79.08M of 64.00M vmem.\n\n  Program vmem requirement 79.08M:\n    scoped 79.08M\n  1. Size: 16.00M";
+        let line = compile_failure("tpu7x:2x2x1", "", &vmem, &module);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.starts_with("TPU compile for tpu7x:2x2x1 failed: XLA:TPU compile permanent error. Used 79.08M of 64.00M vmem."),
+            "{line}"
+        );
+        let kept = dir.path().join("compile-error-tpu7x_2x2x1.txt");
+        assert!(
+            line.ends_with(&format!(
+                "(the compiler's whole message: {})",
+                kept.display()
+            )),
+            "{line}"
+        );
+        assert!(std::fs::read_to_string(&kept)
+            .unwrap()
+            .contains("1. Size: 16.00M"));
+
+        let short = compile_failure(
+            "v6e:2x2",
+            " with x=false",
+            &"unregistered operation",
+            &module,
+        );
+        assert_eq!(
+            short,
+            "TPU compile for v6e:2x2 with x=false failed: unregistered operation"
+        );
     }
 }
