@@ -550,7 +550,14 @@ fn an_expected_failure_does_not_hide_an_error_unless_it_says_errors() {
             ),
         )
         .unwrap();
-        let (o, d) = run(&cfg, &["--filter", "pjrt-cpu/raiser/logits/f32/"], &[]);
+        let (o, d) = run(
+            &cfg,
+            &[
+                "--filter",
+                "pjrt-cpu/raiser/logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0/",
+            ],
+            &[],
+        );
         let out = text(&o);
         let recs = records(&d);
         assert!(!recs.is_empty(), "{out}");
