@@ -31,6 +31,7 @@ def _run(dtype, knobs_json, options, seed=1, impl="xla_saved_logits", **shape):
     dict(SMALL, lm_head_layout="vh"),
     dict(chunk_tokens=21, chunk_vocab=999, dz_precision="f32"),
     dict(chunk_tokens=5, chunk_vocab=128, dz_precision="x3_dlm_head"),
+    dict(chunk_tokens=5, chunk_vocab=128, dz_precision="x1"),
     dict(chunk_tokens=4096, chunk_vocab=1 << 20),  # clamped to the array
 ])
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
@@ -101,6 +102,9 @@ def test_three_logits_sized_matmuls_and_no_f32_operand_with_a_16_bit_lm_head():
     one = _dots("xla_saved_logits", "bf16", dict(SMALL, dz_precision="x3_dlm_head"))
     assert all(a == b == "bfloat16" for a, b, *_ in one), one
     assert flops(one) == pytest.approx(5.0)  # 1 + 1 + 3
+    x1 = _dots("xla_saved_logits", "bf16", dict(SMALL, dz_precision="x1"))
+    assert all(a == b == "bfloat16" for a, b, *_ in x1), x1
+    assert flops(x1) == pytest.approx(3.0)  # the 3 matmuls: dz rounded once
     chunked = _dots("xla_chunked", "bf16", SMALL)
     assert flops(chunked) == pytest.approx(4.0)  # + the recomputed tiles
     terms = _dots("xla_chunked", "bf16", dict(SMALL, dz_precision="x3_dlm_head"))

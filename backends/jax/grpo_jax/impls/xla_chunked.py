@@ -34,9 +34,10 @@ Chunk counts need not divide the sizes: the whole chunks run in a scan and the r
   matmul_precision "highest" | "default": ``lax.Precision`` of the f32 matmuls (TPU runs
                    f32 matmuls as one bf16 pass under "default")
   dz_precision     "f32" (one f32 matmul per backward product, at matmul_precision) |
-                   "x3" | "x3_dlm_head" | "x2": with a 16-bit LM head, dz enters the
-                   (dhidden, dlm_head) products as (3, 3), (1, 3) or (2, 2) single-pass
-                   16-bit terms (``make_logp_entropy``'s dz_terms; "x3_dlm_head": the
+                   "x3" | "x3_dlm_head" | "x2" | "x1": with a 16-bit LM head, dz enters the
+                   (dhidden, dlm_head) products as (3, 3), (1, 3), (2, 2) or (1, 1)
+                   single-pass 16-bit terms ("x1": dz rounded once, jax_baseline's three
+                   matmuls, which the Adam trajectory fails) (``make_logp_entropy``'s dz_terms; "x3_dlm_head": the
                    memory corner with the trajectory kept, docs/implementations.md)
 """
 
@@ -313,7 +314,7 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
 
 # dz_precision -> (dhidden's, dlm_head's) 16-bit terms of dz (make_logp_entropy's dz_terms);
 # "f32": one matmul of f32 operands at the implementation's precision.
-_DZ_TERMS = {"x3": (3, 3), "x2": (2, 2), "x3_dlm_head": (1, 3), "f32": None}
+_DZ_TERMS = {"x3": (3, 3), "x2": (2, 2), "x3_dlm_head": (1, 3), "x1": (1, 1), "f32": None}
 
 
 def _validate_options(options: Mapping[str, Any]) -> None:
