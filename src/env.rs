@@ -41,6 +41,8 @@ pub const PJRT_PLUGIN: &str = "GRPO_PJRT_PLUGIN";
 pub const LIBTPU: &str = "GRPO_LIBTPU";
 /// Record file of the test harness.
 pub const RECORDS: &str = "GRPO_RECORDS";
+/// XLA:CPU's backend optimization level for `pjrt-cpu` compiles.
+pub const CPU_OPT_LEVEL: &str = "GRPO_XLA_CPU_OPT_LEVEL";
 /// Allows a tolerance scale above [`MAX_TOL_SCALE`].
 pub const ALLOW_LOOSE: &str = "GRPO_ALLOW_LOOSE_TOLERANCES";
 /// The largest tolerance multiplier accepted without [`ALLOW_LOOSE`]: the `loose` tier's 10×.
@@ -54,6 +56,7 @@ pub const VARS: &[Var] = &[
     Var { name: REQUIRE_BACKENDS, meaning: "comma-separated backends that must be available: an unavailable one is a failing trial instead of an ignored one", default: "none (`scripts/test.sh` sets `reference,pjrt-cpu,tpu-aot-v6e-2x2`)", read_by: "test harness, `grpo-suite run`" },
     Var { name: TOL_SCALE, meaning: "multiplies every tolerance, and k of the trajectory gate (docs/trajectory.md) (a finite number > 0; 0.1 is a stricter run); shown in the summary and in every record when ≠ 1", default: "1", read_by: "gates" },
     Var { name: ALLOW_LOOSE, meaning: "`1`: accept a `GRPO_TOL_SCALE` above 10 (a run that loosens every gate that much is otherwise refused)", default: "unset", read_by: "gates" },
+    Var { name: CPU_OPT_LEVEL, meaning: "XLA:CPU's backend (LLVM) optimization level of `pjrt-cpu` compiles, 0 to 3 (XLA's `xla_backend_optimization_level`): at 0 the ci tier's small modules take about a third less CPU time, with the same verdicts (docs/backends.md); TPU and GPU compiles are not affected. `scripts/test.sh` sets 0", default: "unset: XLA's default", read_by: "`pjrt-cpu`" },
     Var { name: BLESS, meaning: "`1`: the harness rewrites golden files instead of checking them", default: "unset (check)", read_by: "test harness" },
     Var { name: PYTHON, meaning: "Python interpreter that runs the exporter (`grpo_jax`)", default: "`.venv/bin/python`", read_by: "PJRT backends, `scripts/setup.sh`" },
     Var { name: ARTIFACTS, meaning: "cache directory of exported modules", default: "`target/grpo-artifacts`", read_by: "PJRT backends" },
@@ -216,6 +219,20 @@ pub fn bless() -> Result<bool> {
     }
 }
 
+/// `GRPO_XLA_CPU_OPT_LEVEL`: an integer 0..=3, or unset (XLA's default).
+pub fn cpu_opt_level() -> Result<Option<i64>> {
+    match raw(CPU_OPT_LEVEL) {
+        None => Ok(None),
+        Some(s) => match s.trim().parse::<i64>() {
+            Ok(n) if (0..=3).contains(&n) => Ok(Some(n)),
+            _ => bail!(
+                "{CPU_OPT_LEVEL}={}: expected an integer from 0 to 3 (XLA:CPU's backend optimization level), or unset it for XLA's default",
+                shown_quoted(&s)
+            ),
+        },
+    }
+}
+
 /// Validates every variable the suite reads; the first invalid one is the error.
 pub fn check_all() -> Result<()> {
     for (name, r) in [
@@ -238,6 +255,7 @@ pub fn check_all() -> Result<()> {
         (SUITE, suite().map(|_| ())),
         (TOL_SCALE, tol_scale().map(|_| ())),
         (BLESS, bless().map(|_| ())),
+        (CPU_OPT_LEVEL, cpu_opt_level().map(|_| ())),
     ] {
         r.map_err(|e| anyhow::anyhow!("{e:#}").context(format!("environment variable {name}")))?;
     }

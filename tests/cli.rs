@@ -356,6 +356,23 @@ fn an_invalid_tolerance_scale_is_one_line_before_any_work() {
 }
 
 #[test]
+fn an_invalid_cpu_opt_level_is_one_line_before_any_work() {
+    for bad in ["4", "-1", "O2", "", "1.5"] {
+        let (o, _d) = run_with(
+            "backends:\n  reference: {implementations: [oracle]}\n",
+            &["--suite", "smoke"],
+            &[("GRPO_XLA_CPU_OPT_LEVEL", bad)],
+        );
+        assert_eq!(o.status.code(), Some(2), "GRPO_XLA_CPU_OPT_LEVEL={bad:?}");
+        let e = stderr(&o);
+        assert!(
+            e.contains("GRPO_XLA_CPU_OPT_LEVEL") && e.trim().lines().count() == 1,
+            "{e}"
+        );
+    }
+}
+
+#[test]
 fn a_scaled_tolerance_is_loud_in_the_summary() {
     let loose = [
         ("GRPO_TOL_SCALE", "1e30"),

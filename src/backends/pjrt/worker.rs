@@ -219,6 +219,23 @@ pub fn compile_options(num_partitions: usize, ids: &[i64]) -> Result<CompileOpti
     })
 }
 
+/// `options` with XLA:CPU's backend (LLVM) optimization level set to `level` when the
+/// profile is the CPU's (`GRPO_XLA_CPU_OPT_LEVEL`, docs/environment.md); a GPU or TPU
+/// compile is left as it is.
+pub fn with_cpu_opt_level(
+    mut options: CompileOptions,
+    profile: Profile,
+    level: Option<i64>,
+) -> CompileOptions {
+    if let (Profile::Cpu, Some(level)) = (profile, level) {
+        options.option_overrides.push((
+            "xla_backend_optimization_level".into(),
+            grpo_pjrt::proto::OptionOverrideValue::IntField(level),
+        ));
+    }
+    options
+}
+
 fn itemsize(dtype: &str) -> Result<usize> {
     Ok(match dtype {
         "f32" | "i32" => 4,
@@ -436,9 +453,14 @@ fn run_job(
         }
         let code = std::fs::read(&job.module)
             .with_context(|| format!("cannot read {}", job.module.display()))?;
+        let options = with_cpu_opt_level(
+            compile_options(n, &ids)?,
+            profile,
+            crate::env::cpu_opt_level()?,
+        );
         let t0 = Instant::now();
         let exe = client
-            .compile(&Program::mlir_bytecode(code), &compile_options(n, &ids)?)
+            .compile(&Program::mlir_bytecode(code), &options)
             .map_err(|e| anyhow!("compile of {}: {e}", job.module.display()))?;
         timing.compile_s = Some(t0.elapsed().as_secs_f64());
         cache.insert(m.key.clone(), exe);
@@ -622,6 +644,22 @@ pub fn cost_of(exe: &grpo_pjrt::Executable) -> Option<std::collections::BTreeMap
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cpu_opt_level_reaches_cpu_compiles_only() {
+        use grpo_pjrt::proto::OptionOverrideValue::IntField;
+        let set = |p, l| with_cpu_opt_level(compile_options(1, &[0]).unwrap(), p, l).option_overrides;
+        assert_eq!(
+            set(Profile::Cpu, Some(0)),
+            vec![("xla_backend_optimization_level".to_string(), IntField(0))]
+        );
+        assert_eq!(set(Profile::Cpu, None), vec![]);
+        assert_eq!(set(Profile::Gpu, Some(0)), vec![]);
+        assert_eq!(set(Profile::Tpu, Some(0)), vec![]);
+        // A multi-device compile keeps its partitioning.
+        let o = with_cpu_opt_level(compile_options(4, &[0, 1, 2, 3]).unwrap(), Profile::Cpu, Some(1));
+        assert_eq!((o.num_partitions, o.option_overrides.len()), (4, 1));
+    }
 
     #[test]
     fn a_device_peak_is_a_jobs_own_only_when_the_job_raised_it() {
