@@ -648,7 +648,8 @@ mod tests {
     #[test]
     fn the_cpu_opt_level_reaches_cpu_compiles_only() {
         use grpo_pjrt::proto::OptionOverrideValue::IntField;
-        let set = |p, l| with_cpu_opt_level(compile_options(1, &[0]).unwrap(), p, l).option_overrides;
+        let set =
+            |p, l| with_cpu_opt_level(compile_options(1, &[0]).unwrap(), p, l).option_overrides;
         assert_eq!(
             set(Profile::Cpu, Some(0)),
             vec![("xla_backend_optimization_level".to_string(), IntField(0))]
@@ -657,7 +658,11 @@ mod tests {
         assert_eq!(set(Profile::Gpu, Some(0)), vec![]);
         assert_eq!(set(Profile::Tpu, Some(0)), vec![]);
         // A multi-device compile keeps its partitioning.
-        let o = with_cpu_opt_level(compile_options(4, &[0, 1, 2, 3]).unwrap(), Profile::Cpu, Some(1));
+        let o = with_cpu_opt_level(
+            compile_options(4, &[0, 1, 2, 3]).unwrap(),
+            Profile::Cpu,
+            Some(1),
+        );
         assert_eq!((o.num_partitions, o.option_overrides.len()), (4, 1));
     }
 
