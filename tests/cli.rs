@@ -338,38 +338,32 @@ fn selecting_nothing_is_an_error_not_a_green_run() {
     );
 }
 
-#[test]
-fn an_invalid_tolerance_scale_is_one_line_before_any_work() {
-    for bad in ["abc", "-1", "0", "nan", "inf", "", "1e30"] {
+/// Each of `bad` as the value of `var` stops a smoke run before any work: exit 2 and one
+/// line naming `var`.
+fn refused_in_one_line(var: &str, bad: &[&str]) {
+    for bad in bad {
         let (o, _d) = run_with(
             "backends:\n  reference: {implementations: [oracle]}\n",
             &["--suite", "smoke"],
-            &[("GRPO_TOL_SCALE", bad)],
+            &[(var, bad)],
         );
-        assert_eq!(o.status.code(), Some(2), "GRPO_TOL_SCALE={bad:?}");
+        assert_eq!(o.status.code(), Some(2), "{var}={bad:?}");
         let e = stderr(&o);
-        assert!(
-            e.contains("GRPO_TOL_SCALE") && e.trim().lines().count() == 1,
-            "{e}"
-        );
+        assert!(e.contains(var) && e.trim().lines().count() == 1, "{e}");
     }
 }
 
 #[test]
+fn an_invalid_tolerance_scale_is_one_line_before_any_work() {
+    refused_in_one_line(
+        "GRPO_TOL_SCALE",
+        &["abc", "-1", "0", "nan", "inf", "", "1e30"],
+    );
+}
+
+#[test]
 fn an_invalid_cpu_opt_level_is_one_line_before_any_work() {
-    for bad in ["4", "-1", "O2", "", "1.5"] {
-        let (o, _d) = run_with(
-            "backends:\n  reference: {implementations: [oracle]}\n",
-            &["--suite", "smoke"],
-            &[("GRPO_XLA_CPU_OPT_LEVEL", bad)],
-        );
-        assert_eq!(o.status.code(), Some(2), "GRPO_XLA_CPU_OPT_LEVEL={bad:?}");
-        let e = stderr(&o);
-        assert!(
-            e.contains("GRPO_XLA_CPU_OPT_LEVEL") && e.trim().lines().count() == 1,
-            "{e}"
-        );
-    }
+    refused_in_one_line("GRPO_XLA_CPU_OPT_LEVEL", &["4", "-1", "O2", "", "1.5"]);
 }
 
 #[test]
