@@ -324,6 +324,11 @@ pub struct ImplConfig {
     /// case but those.
     #[serde(default)]
     pub cases: Option<String>,
+    /// `tpu-aot` only: the topologies (of the backend's `topologies`) that compile this
+    /// entry (default: every one), for an option set that suits one generation, e.g.
+    /// `lm_head_fetch: pallas` on tpu7x only.
+    #[serde(default)]
+    pub topologies: Option<Vec<String>>,
 }
 
 fn yes() -> bool {
@@ -346,6 +351,7 @@ impl ImplEntry {
                 python: None,
                 pythonpath: Vec::new(),
                 cases: None,
+                topologies: None,
             },
             ImplEntry::Full(c) => c.clone(),
         }
@@ -353,6 +359,17 @@ impl ImplEntry {
 }
 
 impl ImplConfig {
+    /// Whether the entry runs on the backend named `backend` (only a `tpu-aot-*` backend
+    /// outside the entry's `topologies` does not).
+    pub fn runs_on_backend(&self, backend: &str) -> bool {
+        self.topologies.as_ref().is_none_or(|ts| {
+            !backend.starts_with("tpu-aot-")
+                || ts
+                    .iter()
+                    .any(|t| crate::backends::pjrt::tpu_aot_name(t) == backend)
+        })
+    }
+
     /// The speed budget on `case_id`: `max_roofline_over_baseline` where `speed_cases`
     /// (default: every case) matches.
     pub fn speed_budget_on(&self, case_id: &str) -> Option<f64> {
@@ -409,6 +426,14 @@ pub fn check_implementations(origin: &str, backend: &str, list: &[ImplEntry]) ->
             }
         } else if c.peak_slack_bytes > 0 {
             bail!("{origin}: backend `{backend}`, implementation `{n}`: peak_slack_bytes without max_peak_over_floor");
+        }
+        if let Some(ts) = &c.topologies {
+            if backend != "tpu-aot" {
+                bail!("{origin}: backend `{backend}`, implementation `{n}`: `topologies` names `tpu-aot` topologies; move the entry there");
+            }
+            if ts.is_empty() {
+                bail!("{origin}: backend `tpu-aot`, implementation `{n}`: `topologies` is empty (leave it out to compile on every topology)");
+            }
         }
         if c.speed_cases.is_some() && c.max_roofline_over_baseline.is_none() {
             bail!("{origin}: backend `{backend}`, implementation `{n}`: speed_cases without max_roofline_over_baseline");
@@ -591,6 +616,37 @@ mod tests {
         assert_eq!(enabled(&b.implementations).len(), 1);
         assert_eq!(b.implementations[1].resolved().options["block_v"], 512);
         assert_eq!(c.repeats, 3);
+    }
+
+    #[test]
+    fn entry_topologies_are_checked_in_one_line() {
+        let parse = |yaml: &str| {
+            Config::parse(yaml, "c.yaml")
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let aot = |topologies: &str| {
+            format!("backends:\n  tpu-aot:\n    topologies: [v6e:2x2, tpu7x:2x2x1]\n    implementations: [a, {{id: a, name: a7, topologies: {topologies}}}]\n")
+        };
+        parse(&aot("[tpu7x:2x2x1]")).unwrap();
+        let e = parse(&aot("[v5e:2x2]")).unwrap_err();
+        assert!(e.contains("c.yaml: backend `tpu-aot`, implementation `a7`: topology `v5e:2x2` is not one of the backend's (v6e:2x2, tpu7x:2x2x1)"), "{e}");
+        let e = parse(&aot("[]")).unwrap_err();
+        assert!(
+            e.contains("implementation `a7`: `topologies` is empty"),
+            "{e}"
+        );
+        let e = parse(
+            "backends:\n  pjrt-cpu:\n    implementations: [{id: a, topologies: [v6e:2x2]}]\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains(
+                "backend `pjrt-cpu`, implementation `a`: `topologies` names `tpu-aot` topologies"
+            ),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
     }
 
     #[test]

@@ -213,6 +213,7 @@ fn configured_implementations(config: &Config, backend: &str) -> Vec<(String, Op
     list.map(|l| {
         crate::config::enabled(l)
             .iter()
+            .filter(|c| c.runs_on_backend(backend))
             .map(|c| (c.display_name().to_string(), c.cases.clone()))
             .collect()
     })
@@ -1159,5 +1160,29 @@ mod expected_tests {
             ),
             v => panic!("{v:?}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod topology_tests {
+    use super::configured_implementations;
+    use crate::config::Config;
+
+    #[test]
+    fn an_entry_with_topologies_runs_on_those_tpu_aot_backends_only() {
+        let c = Config::parse(
+            "backends:\n  pjrt-cpu: {implementations: [a]}\n  tpu-aot:\n    topologies: [v6e:2x2, tpu7x:2x2x1]\n    implementations: [a, {id: a, name: a7, topologies: [tpu7x:2x2x1]}]\n",
+            "c.yaml",
+        )
+        .unwrap();
+        let names = |b: &str| -> Vec<String> {
+            configured_implementations(&c, b)
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect()
+        };
+        assert_eq!(names("tpu-aot-v6e-2x2"), ["a"]);
+        assert_eq!(names("tpu-aot-tpu7x-2x2x1"), ["a", "a7"]);
+        assert_eq!(names("pjrt-cpu"), ["a"]);
     }
 }

@@ -98,6 +98,17 @@ impl TpuAotConfig {
                 bail!("{origin}: backend `tpu-aot`: topology `{t}` is not of the form `v6e:2x2` or `tpu7x:2x2x1` (generation:dimensions)");
             }
         }
+        for c in self.implementations.iter().map(|e| e.resolved()) {
+            for t in c.topologies.iter().flatten() {
+                if !self.topologies.contains(t) {
+                    bail!(
+                        "{origin}: backend `tpu-aot`, implementation `{}`: topology `{t}` is not one of the backend's ({})",
+                        c.display_name(),
+                        self.topologies.join(", ")
+                    );
+                }
+            }
+        }
         Ok(())
     }
 }

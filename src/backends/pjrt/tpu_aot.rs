@@ -182,7 +182,10 @@ impl TpuAot {
             topology: topology.to_string(),
             plugin,
             version,
-            impls: crate::config::enabled(&cfg.implementations),
+            impls: crate::config::enabled(&cfg.implementations)
+                .into_iter()
+                .filter(|c| c.runs_on_backend(&super::tpu_aot_name(topology)))
+                .collect(),
             exporter: shared_exporter()?,
             baselines: Mutex::default(),
             compiled: Mutex::default(),
