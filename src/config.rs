@@ -325,8 +325,7 @@ pub struct ImplConfig {
     #[serde(default)]
     pub cases: Option<String>,
     /// `tpu-aot` only: the topologies (of the backend's `topologies`) that compile this
-    /// entry (default: every one), for an option set that suits one generation, e.g.
-    /// `lm_head_fetch: pallas` on tpu7x only.
+    /// entry (default: every one), for an option set that suits one TPU generation.
     #[serde(default)]
     pub topologies: Option<Vec<String>>,
 }
