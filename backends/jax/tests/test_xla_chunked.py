@@ -83,3 +83,80 @@ def test_vocab_major_lm_head_matches_oracle(dtype):
     problem, inputs, knobs_, got = _run(dtype, knobs, dict(SMALL, lm_head_layout="vh"))
     want = oracle(inputs, knobs_.to_json(), "fused")
     assert compare(got, want, inputs["mask"], dtype) == []
+
+
+def _fetch_kernels(impl_id, options, platform, **shape):
+    """How many lm_head_fetch kernels the built function's jaxpr calls (recursively)."""
+    import jax
+
+    from grpo_jax.impls import get
+    shape = {**PROBLEM, **shape}
+    problem = Problem("fused", shape["b"], shape["t"], shape["v"], shape["h"], "bf16",
+                      platform=platform)
+    impl = get(impl_id)
+    fn = impl.build(problem, Knobs.from_json(KNOB_SETS["grpo_token_beta"]),
+                    impl.check_options(options))
+    inputs = make_inputs(problem, 1)
+    found = []
+
+    def walk(j):
+        for eqn in j.eqns:
+            if eqn.primitive.name == "pallas_call":
+                found.append(str(eqn.params.get("name") or ""))
+                continue
+            for p in eqn.params.values():
+                for sub in (p if isinstance(p, (list, tuple)) else [p]):
+                    inner = getattr(sub, "jaxpr", None)
+                    if inner is not None:
+                        walk(getattr(inner, "jaxpr", inner))
+    walk(jax.make_jaxpr(fn)(*inputs.values()).jaxpr)
+    assert all("lm_head_fetch" in name for name in found), found
+    return len(found)
+
+
+@pytest.mark.parametrize("impl", ["xla_chunked", "xla_saved_logits"])
+@pytest.mark.parametrize("options", [
+    dict(chunk_tokens=21, chunk_vocab=256),    # 3 fetched chunks and a remainder of 232
+    dict(chunk_tokens=8, chunk_vocab=500),     # 2 whole chunks, 3 token chunks
+    dict(chunk_tokens=21, chunk_vocab=128, lm_head_layout="vh"),
+])
+def test_the_pallas_fetched_lm_head_chunks_are_the_sliced_ones(impl, options):
+    """lm_head_fetch "pallas" (the DMA kernel, in Pallas' interpreter off TPU) feeds the
+    loops the very chunks a dynamic slice does: the same outputs, bit for bit."""
+    knobs = dict(KNOB_SETS["grpo_token_beta"], logits_dtype="input")
+    assert _fetch_kernels(impl, dict(options, lm_head_fetch="pallas"), "cpu") > 0
+    *_, ref = _run("bf16", knobs, dict(options, lm_head_fetch="slice"), impl=impl)
+    *_, got = _run("bf16", knobs, dict(options, lm_head_fetch="pallas"), impl=impl)
+    for name in ref:
+        np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
+
+
+def test_the_lm_head_is_fetched_by_pallas_only_when_asked_and_only_scanned_chunks():
+    """null is "slice" on every platform; "pallas" fetches the scanned chunks (xla_chunked's
+    token-outer forward once per token chunk), in either LM-head orientation; the static
+    chunks (a lone whole chunk, the remainder) are sliced either way."""
+    one = dict(chunk_tokens=21, chunk_vocab=256)
+    pallas = dict(one, lm_head_fetch="pallas")
+    for impl in ("xla_chunked", "xla_saved_logits"):
+        for platform in ("tpu", "cpu", "cuda"):
+            assert _fetch_kernels(impl, one, platform) == 0
+            assert _fetch_kernels(impl, pallas, platform) > 0
+        assert _fetch_kernels(impl, dict(pallas, lm_head_layout="vh"), "tpu") > 0
+        # One vocab chunk and a remainder: both at static offsets, nothing fetched.
+        assert _fetch_kernels(impl, dict(pallas, chunk_vocab=999), "tpu") == 0
+
+
+def test_a_bad_lm_head_fetch_is_an_error_and_an_unaligned_one_unsupported_on_tpu():
+    from grpo_jax.impls import get
+    from grpo_jax.spec import RequestError
+    knobs = Knobs.from_json(KNOB_SETS["grpo_token_beta"])
+    for impl in ("xla_chunked", "xla_saved_logits"):
+        with pytest.raises(RequestError, match="lm_head_fetch"):
+            get(impl).check_options({"lm_head_fetch": "dma"})
+        options = get(impl).check_options({"lm_head_fetch": "pallas", "chunk_vocab": 100})
+        on = {p: Problem("fused", 3, 7, 1000, 40, "bf16", platform=p) for p in ("tpu", "cpu")}
+        assert "multiple of 128" in get(impl).support_reason(on["tpu"], knobs, options)
+        assert get(impl).support_reason(on["cpu"], knobs, options) is None
+        vh = dict(options, lm_head_layout="vh", chunk_vocab=120)
+        assert "multiple of 16" in get(impl).support_reason(on["tpu"], knobs, vh)
+        assert get(impl).support_reason(on["tpu"], knobs, dict(vh, chunk_vocab=128)) is None

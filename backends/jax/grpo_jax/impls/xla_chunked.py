@@ -27,18 +27,26 @@ works on ``lm_head.T`` and accumulates ``dlm_head.T`` (option ``lm_head_layout``
 Chunk counts need not divide the sizes: the whole chunks run in a scan and the remainder
 (a static, smaller chunk) runs once after it, so nothing is padded or copied.
 
+The loops may take the LM head's vocab chunks from a Pallas DMA instead of a dynamic
+slice (``lm_head_fetch: pallas``, module ``lm_head_fetch``): on tpu7x a sliced loop carry
+makes XLA re-tile the whole bf16 head first, one more H·V buffer.
+
 ``impl_options``:
   chunk_tokens     1024   tokens per chunk (clamped to N = B*T)
   chunk_vocab      8192   vocab entries per chunk (clamped to V)
   lm_head_layout   null   "hv" | "vh" (vocab major) | null (auto, see Layout)
+  lm_head_fetch    null   "slice" (null) | "pallas": the vocab chunks from a DMA kernel
+                          (Pallas' interpreter off TPU). A tpu7x option: there it saves the
+                          re-tiled head; on v6e it costs HBM time (docs/implementations.md)
   matmul_precision "highest" | "default": ``lax.Precision`` of the f32 matmuls (TPU runs
                    f32 matmuls as one bf16 pass under "default")
   dz_precision     "f32" (one f32 matmul per backward product, at matmul_precision) |
                    "x3" | "x3_dlm_head" | "x2" | "x1": with a 16-bit LM head, dz enters the
                    (dhidden, dlm_head) products as (3, 3), (1, 3), (2, 2) or (1, 1)
-                   single-pass 16-bit terms ("x1": dz rounded once, jax_baseline's three
-                   matmuls, which the Adam trajectory fails) (``make_logp_entropy``'s dz_terms; "x3_dlm_head": the
-                   memory corner with the trajectory kept, docs/implementations.md)
+                   single-pass 16-bit terms (``make_logp_entropy``'s dz_terms).
+                   "x3_dlm_head" is the cheapest that keeps the Adam trajectory; "x1"
+                   rounds dz once, jax_baseline's three matmuls, and fails it
+                   (docs/implementations.md, "The time-memory front")
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ import jax.numpy as jnp
 from ..spec import Knobs, Problem, RequestError
 from . import grpo_math
 from .baseline import round_to
+from . import lm_head_fetch
 from .dz_terms import product_of_terms
 from .interface import Capabilities, Implementation
 from .tpu_layout import tpu_default_order
@@ -108,15 +117,20 @@ def _grid(voc_pieces, tok_pieces, step, carry, tiles=None, begin=None, end=None)
             if end is not None:
                 c = end(c, v0, vn)
             return c, tuple(ys)
-        carry, ys = jax.lax.scan(vstep, carry,
-                                 (jnp.arange(vc), None if tiles is None else tiles[p]))
+        if vc == 1:  # one chunk, at a static offset (no loop): see lm_head_fetch
+            carry, ys = vstep(carry, (0, None if tiles is None
+                                      else tuple(t[0] for t in tiles[p])))
+            ys = tuple(None if y is None else y[None] for y in ys)
+        else:
+            carry, ys = jax.lax.scan(vstep, carry,
+                                     (jnp.arange(vc), None if tiles is None else tiles[p]))
         out.append(ys)
     return carry, out
 
 
 def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, chunk_vocab,
                       precision, vocab_major, dynamic_valid=False, save_logits=False,
-                      dz_terms=None, _unsafe_lse_shift=0):
+                      dz_terms=None, fetch="slice", interpret=False, _unsafe_lse_shift=0):
     """(hidden2 [N, H], w, ids [N], valid) -> (logp [N], entropy [N], lse [N]) with SPEC's
     VJP in logp and lse's own (entropy carries no gradient). ``w`` is lm_head [H, V], or its transpose [V, H] when
     ``vocab_major`` (the LM head's physical order on TPU for some V: see Layout).
@@ -130,7 +144,9 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
     single-pass matmul with the 16-bit operand summed in f32 (bf16 terms: 8 significant
     bits each, so 3 terms hold an f32 dz to about 24 bits); 1 is dz rounded to the input
     dtype; None: one matmul of f32 operands at ``precision`` (six bf16 passes on a TPU at
-    HIGHEST). ``_unsafe_lse_shift`` (a test aid: a
+    HIGHEST). ``fetch`` "pallas": the loops take w's vocab chunks at traced offsets from
+    ``lm_head_fetch.chunk`` (``interpret``: in Pallas' interpreter), "slice": by
+    ``dynamic_slice``. ``_unsafe_lse_shift`` (a test aid: a
     deliberately wrong backward) takes each row's lse from the row that many places on."""
     tok_pieces = _pieces(n, chunk_tokens)
     voc_pieces = _pieces(v, chunk_vocab)
@@ -138,6 +154,13 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
     vax = 0 if vocab_major else 1  # the vocab axis of w
     # z = h @ w_chunk, contracting H: w's axis 0 ([H, Vc]) or 1 ([Vc, H]).
     dims = (((1,), (1 - vax,)), ((), ()))
+
+    def w_chunk(w, v0, vn):
+        """w's vocab chunk [v0, v0 + vn). A scanned chunk's offset is traced; every scanned
+        piece starts at 0 (``_pieces``), so v0 + vn <= V."""
+        if fetch == "slice" or isinstance(v0, int):
+            return jax.lax.dynamic_slice_in_dim(w, v0, vn, vax)
+        return lm_head_fetch.chunk(w, v0, vn, vax, interpret=interpret)
 
     def logits(h, w):
         z = jax.lax.dot_general(h.astype(w.dtype), w, dims, preferred_element_type=f32, precision=precision)
@@ -203,7 +226,7 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
             y = jax.lax.dynamic_slice_in_dim(ids, t0, tn, 0)
 
             def vocab_chunk(st, v0, vn):
-                w = jax.lax.dynamic_slice_in_dim(lm_head, v0, vn, vax)
+                w = w_chunk(lm_head, v0, vn)
                 return fold(st, logits(h, w), v0, y, valid)
 
             new = finish(*_loop(voc_pieces, vocab_chunk, init_stats(tn)))
@@ -219,7 +242,7 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
         def tile(st, v0, vn, t0, tn, _):
             h = jax.lax.dynamic_slice_in_dim(hidden, t0, tn, 0)
             y = jax.lax.dynamic_slice_in_dim(ids, t0, tn, 0)
-            w = jax.lax.dynamic_slice_in_dim(lm_head, v0, vn, vax)
+            w = w_chunk(lm_head, v0, vn)
             z = logits(h, w)  # already of its stored precision
             part = fold(tuple(jax.lax.dynamic_slice_in_dim(x, t0, tn, 0) for x in st),
                         z, v0, y, valid)
@@ -252,7 +275,7 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
 
         def tile_grads(dh, dwc, v0, vn, t0, tn, saved_tile):
             """dz of one tile, folded into the dhidden rows and the chunk's dW."""
-            w = jax.lax.dynamic_slice_in_dim(lm_head, v0, vn, vax)
+            w = w_chunk(lm_head, v0, vn)
             h = jax.lax.dynamic_slice_in_dim(hidden, t0, tn, 0)
             y = jax.lax.dynamic_slice_in_dim(ids, t0, tn, 0)
             lse_c = jax.lax.dynamic_slice_in_dim(lse, t0, tn, 0)
@@ -328,6 +351,9 @@ def _validate_options(options: Mapping[str, Any]) -> None:
     if options["matmul_precision"] not in ("highest", "default"):
         raise RequestError(f"impl_options.matmul_precision must be 'highest' or 'default', "
                            f"got {options['matmul_precision']!r}")
+    if options["lm_head_fetch"] not in (None,) + lm_head_fetch.FETCHES:
+        raise RequestError(f"impl_options.lm_head_fetch must be null (auto), 'slice' or "
+                           f"'pallas', got {options['lm_head_fetch']!r}")
     if options["dz_precision"] not in _DZ_TERMS:
         raise RequestError(f"impl_options.dz_precision must be one of {sorted(_DZ_TERMS)}, "
                            f"got {options['dz_precision']!r}")
@@ -346,22 +372,45 @@ def per_token(problem: Problem, k: Knobs, options: Mapping[str, Any]):
                  dz_terms=_DZ_TERMS[options["dz_precision"]])
 
 
+def _vocab_major(problem: Problem, options: Mapping[str, Any]) -> bool:
+    """Whether the kernel works on lm_head.T (see Layout)."""
+    order = options["lm_head_layout"] or (
+        "".join("hv"[i] for i in tpu_default_order((problem.h, problem.v), problem.dtype))
+        if problem.platform == "tpu" else "hv")
+    return order == "vh"
+
+
+def _fetch(problem: Problem, options: Mapping[str, Any]):
+    """(lm_head_fetch resolved, None) or (None, why the case is not supported): null is
+    "slice"; "pallas" on tpu needs the scanned chunks' offsets tile-aligned (a DMA offset
+    that is not cannot be compiled for a TPU)."""
+    fetch = options["lm_head_fetch"] or "slice"
+    chunk = min(options["chunk_vocab"], problem.v)
+    align = lm_head_fetch.alignment(0 if _vocab_major(problem, options) else 1)
+    aligned = problem.v // chunk < 2 or chunk % align == 0  # a lone chunk is sliced
+    if fetch == "pallas" and problem.platform == "tpu" and not aligned:
+        return None, (f"lm_head_fetch 'pallas' on tpu needs chunk_vocab a multiple of "
+                      f"{align} (a tile-aligned DMA offset), not {options['chunk_vocab']}")
+    return fetch, None
+
+
 def _core(problem: Problem, k: Knobs, options: Mapping[str, Any], *, precision,
           **saved_logits):
     """The per-token core of both implementations of this module (``saved_logits``:
     ``make_logp_entropy``'s save_logits, dz_terms and _unsafe_lse_shift)."""
     b, t, h, v = problem.b, problem.t, problem.h, problem.v
     n = b * t
-    order = options["lm_head_layout"] or (
-        "".join("hv"[i] for i in tpu_default_order((h, v), problem.dtype))
-        if problem.platform == "tpu" else "hv")
-    vocab_major = order == "vh"
+    vocab_major = _vocab_major(problem, options)
+    fetch, reason = _fetch(problem, options)
+    if reason is not None:
+        raise RequestError(reason)
     kernel = make_logp_entropy(
         n=n, v=v, dtype=jnp.dtype({"f32": f32, "bf16": jnp.bfloat16,
                                    "f16": jnp.float16}[problem.dtype]),
         temperature=k.temperature, logits_dtype=k.logits_dtype,
         chunk_tokens=options["chunk_tokens"], chunk_vocab=options["chunk_vocab"],
-        precision=precision, vocab_major=vocab_major, dynamic_valid=True, **saved_logits)
+        precision=precision, vocab_major=vocab_major, dynamic_valid=True, fetch=fetch,
+        interpret=problem.platform != "tpu", **saved_logits)
 
     def f(hidden, lm_head, chosen_ids, valid_v=None, with_lse=False):
         # lm_head.T is a bitcast when [V][H] is its physical order (no copy).
@@ -385,8 +434,8 @@ IMPLEMENTATION = Implementation(
     build=build,
     capabilities=Capabilities(levels=frozenset({"fused"})),
     default_options={"chunk_tokens": 1024, "chunk_vocab": 8192, "matmul_precision": "highest",
-                     "lm_head_layout": None, "dz_precision": "f32"},
-    extra_check=lambda p, k, o: _validate_options(o),
+                     "lm_head_layout": None, "lm_head_fetch": None, "dz_precision": "f32"},
+    extra_check=lambda p, k, o: _validate_options(o) or _fetch(p, o)[1],
     validate_options=_validate_options,
     per_token=per_token,
     # matmul_precision "default" trades the f32 matmuls' precision for speed, declared:
@@ -401,6 +450,7 @@ IMPLEMENTATION = Implementation(
 # xla_saved_logits: the time corner of the fused front (issue 38) -------------------------
 
 _SAVED_DEFAULTS = {"chunk_tokens": 8192, "chunk_vocab": 2048, "lm_head_layout": None,
+                   "lm_head_fetch": None,
                    "dz_precision": "x3"}
 
 
@@ -436,7 +486,7 @@ IMPLEMENTATION_SAVED = Implementation(
     build=saved_build,
     capabilities=Capabilities(levels=frozenset({"fused"})),
     default_options=dict(_SAVED_DEFAULTS),
-    extra_check=lambda p, k, o: _validate_saved(o),
+    extra_check=lambda p, k, o: _validate_saved(o) or _fetch(p, o)[1],
     validate_options=_validate_saved,
     per_token=saved_per_token,
     search_space={"chunk_tokens": (2048, 8192), "chunk_vocab": (2048, 4096)},
