@@ -91,7 +91,8 @@ def _loop(pieces, body, carry):
     return carry
 
 
-def _grid(voc_pieces, tok_pieces, step, carry, tiles=None, begin=None, end=None):
+def _grid(voc_pieces, tok_pieces, step, carry, tiles=None, begin=None, end=None,
+          static_single=False):
     """Every (vocab chunk, token chunk) tile, vocab chunks outermost: a scan over each
     piece's vocab chunks whose body runs the token chunks one after another (unrolled, at
     static offsets): ``step(carry, v0, vn, t0, tn, tile_in) -> (carry, tile_out)``, with
@@ -101,7 +102,9 @@ def _grid(voc_pieces, tok_pieces, step, carry, tiles=None, begin=None, end=None)
     a result of another call over the same pieces) gives each step its tile_in. A scan's
     stacked output and input are written and read in place, one tile a step: the tiles
     never form an [N, V] array, and no tile is copied (a nested scan's stack was: one
-    more pass over the logits each way)."""
+    more pass over the logits each way). ``static_single``: a piece of one vocab chunk
+    runs without a scan, at a static offset (a traced one would be fetched, and a
+    remainder piece's offset is no multiple of its size)."""
     starts = [(ts + i * tn, tn) for ts, tn, tc in tok_pieces for i in range(tc)]
     out = []
     for p, (vs, vn, vc) in enumerate(voc_pieces):
@@ -117,7 +120,7 @@ def _grid(voc_pieces, tok_pieces, step, carry, tiles=None, begin=None, end=None)
             if end is not None:
                 c = end(c, v0, vn)
             return c, tuple(ys)
-        if vc == 1:  # one chunk, at a static offset (no loop): see lm_head_fetch
+        if vc == 1 and static_single:
             carry, ys = vstep(carry, (0, None if tiles is None
                                       else tuple(t[0] for t in tiles[p])))
             ys = tuple(None if y is None else y[None] for y in ys)
@@ -132,7 +135,8 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
                       precision, vocab_major, dynamic_valid=False, save_logits=False,
                       dz_terms=None, fetch="slice", interpret=False, _unsafe_lse_shift=0):
     """(hidden2 [N, H], w, ids [N], valid) -> (logp [N], entropy [N], lse [N]) with SPEC's
-    VJP in logp and lse's own (entropy carries no gradient). ``w`` is lm_head [H, V], or its transpose [V, H] when
+    VJP in logp and lse's own (entropy carries no gradient). ``w`` is lm_head [H, V], or
+    its transpose [V, H] when
     ``vocab_major`` (the LM head's physical order on TPU for some V: see Layout).
 
     ``save_logits`` (xla_saved_logits): the forward also writes every tile, rounded to the
@@ -250,7 +254,8 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
                        for x, u in zip(st, part))
             return st, z.astype(store)
 
-        stats, tiles = _grid(voc_pieces, tok_pieces, tile, init_stats(n))
+        stats, tiles = _grid(voc_pieces, tok_pieces, tile, init_stats(n),
+                             static_single=fetch == "pallas")
         return finish(*stats), tiles
 
     @jax.custom_vjp
@@ -317,7 +322,8 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
 
             (dh, dw), _ = _grid(voc_pieces, tok_pieces, tile, (dh0, dw0), tiles,
                                 begin=lambda c, v0, vn: c + (acc(vn),),
-                                end=lambda c, v0, vn: (c[0], write(c[1], c[2], v0)))
+                                end=lambda c, v0, vn: (c[0], write(c[1], c[2], v0)),
+                                static_single=fetch == "pallas")
         else:
             def vocab_chunk(carry, v0, vn):
                 dh, dw = carry
@@ -352,7 +358,7 @@ def _validate_options(options: Mapping[str, Any]) -> None:
         raise RequestError(f"impl_options.matmul_precision must be 'highest' or 'default', "
                            f"got {options['matmul_precision']!r}")
     if options["lm_head_fetch"] not in (None,) + lm_head_fetch.FETCHES:
-        raise RequestError(f"impl_options.lm_head_fetch must be null (auto), 'slice' or "
+        raise RequestError(f"impl_options.lm_head_fetch must be null ('slice'), 'slice' or "
                            f"'pallas', got {options['lm_head_fetch']!r}")
     if options["dz_precision"] not in _DZ_TERMS:
         raise RequestError(f"impl_options.dz_precision must be one of {sorted(_DZ_TERMS)}, "
