@@ -1,7 +1,8 @@
 //! Run configuration (`configs/*.yaml`): which backends with which settings, which
 //! implementations with which options and memory budgets, how many repetitions, and the
 //! expected failures. Unknown keys are errors naming file and line; each backend's own
-//! settings are its own struct ([`crate::backends::BackendsConfig`]), validated there.
+//! settings are its own struct ([`crate::backends::BackendsConfig`]), validated there. A
+//! file may start from another (`extends: base.yaml`, see [`Config::load_unchecked`]).
 //!
 //! ```yaml
 //! repeats: 3          # timed executions per trial
@@ -58,6 +59,58 @@ pub struct Config {
     /// The file this configuration came from (for messages).
     #[serde(skip)]
     pub origin: String,
+    /// The files it was read from, a base before the file that extends it (empty when
+    /// parsed from text): what a run's identity digests.
+    #[serde(skip)]
+    pub sources: Vec<PathBuf>,
+}
+
+/// A configuration file that starts from another: `extends: BASE` (a path relative to
+/// this file) and the keys it changes. A backend it names replaces the base's backend
+/// of that name whole; its `expected_failures` are added to the base's; `repeats`,
+/// `warmup` and the timeouts, when given, replace the base's.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Extension {
+    extends: PathBuf,
+    repeats: Option<usize>,
+    warmup: Option<usize>,
+    trial_timeout_s: Option<u64>,
+    export_timeout_s: Option<u64>,
+    #[serde(default)]
+    backends: BackendsConfig,
+    #[serde(default)]
+    expected_failures: Vec<ExpectedFailure>,
+}
+
+/// Whether YAML `text` has `key` at the top level (a line starting `key:`).
+fn top_level_key(text: &str, key: &str) -> bool {
+    text.lines().any(|l| {
+        l.strip_prefix(key)
+            .is_some_and(|r| r.trim_start().starts_with(':'))
+    })
+}
+
+/// Checks expected-failure entries: each has a reason, and names a configured backend.
+fn check_expected(origin: &str, backends: &BackendsConfig, list: &[ExpectedFailure]) -> Result<()> {
+    for (k, e) in list.iter().enumerate() {
+        if e.reason.trim().is_empty() {
+            bail!(
+                "{origin}: expected_failures[{k}] ({}) needs a `reason`",
+                e.describe()
+            );
+        }
+        if let Some(b) = &e.backend {
+            if !backends
+                .names()
+                .iter()
+                .any(|n| b == n || b.starts_with(&format!("{n}-")) || glob_match(b, n))
+            {
+                bail!("{origin}: expected_failures[{k}]: backend `{b}` is not configured");
+            }
+        }
+    }
+    Ok(())
 }
 
 fn default_repeats() -> usize {
@@ -459,8 +512,12 @@ pub fn enabled(list: &[ImplEntry]) -> Vec<ImplConfig> {
 }
 
 impl Config {
-    /// Parses YAML text; `origin` names the file in errors.
+    /// Parses YAML text; `origin` names the file in errors. A file that `extends` another
+    /// is read with [`Config::load`], which knows where the base lies.
     pub fn parse(text: &str, origin: &str) -> Result<Config> {
+        if top_level_key(text, "extends") {
+            bail!("{origin}: `extends` names a base configuration relative to this file; read it with --config FILE");
+        }
         let mut c: Config = serde_yaml_ng::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
         c.origin = origin.to_string();
         if c.export_timeout_s == 0 {
@@ -470,24 +527,7 @@ impl Config {
             bail!("{origin}: trial_timeout_s must be a whole number of seconds ≥ 1 (got 0)");
         }
         c.backends.validate(origin)?;
-        for (k, e) in c.expected_failures.iter().enumerate() {
-            if e.reason.trim().is_empty() {
-                bail!(
-                    "{origin}: expected_failures[{k}] ({}) needs a `reason`",
-                    e.describe()
-                );
-            }
-            if let Some(b) = &e.backend {
-                if !c
-                    .backends
-                    .names()
-                    .iter()
-                    .any(|n| b == n || b.starts_with(&format!("{n}-")) || glob_match(b, n))
-                {
-                    bail!("{origin}: expected_failures[{k}]: backend `{b}` is not configured");
-                }
-            }
-        }
+        check_expected(origin, &c.backends, &c.expected_failures)?;
         Ok(c)
     }
 
@@ -498,19 +538,82 @@ impl Config {
         Ok(c)
     }
 
-    /// Reads a file (paths resolved against its directory) without checking that the
-    /// plugins, interpreters and `pythonpath` entries it names exist here.
+    /// Reads a file (paths resolved against the directory of the file that names them)
+    /// without checking that the plugins, interpreters and `pythonpath` entries it names
+    /// exist here. A file with `extends: BASE` is BASE with its own keys over it
+    /// ([`Extension`]).
     pub fn load_unchecked(path: &Path) -> Result<Config> {
+        Config::load_chain(path, &mut Vec::new())
+    }
+
+    /// [`Config::load_unchecked`], `chain` holding the files that extend this one (to
+    /// refuse a cycle).
+    fn load_chain(path: &Path, chain: &mut Vec<PathBuf>) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config {}", path.display()))?;
-        let mut c = Config::parse(&text, &path.display().to_string())?;
-        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let base = if base.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            base
+        let origin = path.display().to_string();
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
         };
-        c.backends.resolve_paths(&base);
+        if !top_level_key(&text, "extends") {
+            let mut c = Config::parse(&text, &origin)?;
+            c.backends.resolve_paths(&dir);
+            c.sources = vec![path.to_path_buf()];
+            return Ok(c);
+        }
+        let x: Extension = serde_yaml_ng::from_str(&text).map_err(|e| anyhow!("{origin}: {e}"))?;
+        let base_path = dir.join(&x.extends);
+        let me = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        chain.push(me);
+        let base_id = std::fs::canonicalize(&base_path).map_err(|e| {
+            anyhow!(
+                "{origin}: extends `{}`: cannot read {} ({e})",
+                x.extends.display(),
+                base_path.display()
+            )
+        })?;
+        if chain.contains(&base_id) {
+            let names: Vec<String> = chain
+                .iter()
+                .chain(std::iter::once(&base_id))
+                .map(|p| p.display().to_string())
+                .collect();
+            bail!(
+                "{origin}: extends `{}`, a cycle: {}",
+                x.extends.display(),
+                names.join(" → ")
+            );
+        }
+        let mut c = Config::load_chain(&base_path, chain)?;
+        let mut backends = x.backends;
+        backends.validate(&origin)?;
+        backends.resolve_paths(&dir);
+        c.backends.overlay(backends);
+        check_expected(&origin, &c.backends, &x.expected_failures)?;
+        c.expected_failures.extend(x.expected_failures);
+        if let Some(v) = x.repeats {
+            c.repeats = v;
+        }
+        if let Some(v) = x.warmup {
+            c.warmup = v;
+        }
+        if let Some(v) = x.trial_timeout_s {
+            if v == 0 {
+                bail!("{origin}: trial_timeout_s must be a whole number of seconds ≥ 1 (got 0)");
+            }
+            c.trial_timeout_s = v;
+        }
+        if let Some(v) = x.export_timeout_s {
+            if v == 0 {
+                bail!(
+                    "{origin}: export_timeout_s must be at least 1 (seconds per exported module)"
+                );
+            }
+            c.export_timeout_s = v;
+        }
+        c.origin = origin;
+        c.sources.push(path.to_path_buf());
         Ok(c)
     }
 
@@ -720,6 +823,136 @@ mod tests {
 }
 
 #[cfg(test)]
+mod extends_tests {
+    use super::*;
+
+    fn names(c: &Config, backend: &str) -> Vec<String> {
+        c.backends
+            .exported_lists()
+            .into_iter()
+            .chain(
+                c.backends
+                    .reference
+                    .iter()
+                    .map(|r| ("reference", r.implementations.as_slice())),
+            )
+            .filter(|(b, _)| *b == backend)
+            .flat_map(|(_, l)| enabled(l))
+            .map(|i| i.display_name().to_string())
+            .collect()
+    }
+
+    const BASE: &str = "repeats: 3\nbackends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu:\n    implementations:\n      - {id: 'k:IMPL', name: k, pythonpath: [kernels]}\nexpected_failures:\n  - {implementation: k, backend: pjrt-cpu, reason: base}\n";
+
+    #[test]
+    fn a_file_that_extends_another_is_the_base_with_its_own_keys_over_it() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("sub")).unwrap();
+        std::fs::write(d.path().join("base.yaml"), BASE).unwrap();
+        std::fs::write(
+            d.path().join("sub/top.yaml"),
+            "extends: ../base.yaml\nrepeats: 5\nbackends:\n  pjrt-tpu:\n    implementations:\n      - {id: 'j:IMPL', name: j, pythonpath: [mine]}\n  reference: {implementations: [oracle, naive_f32]}\nexpected_failures:\n  - {implementation: j, backend: pjrt-tpu, reason: top}\n",
+        )
+        .unwrap();
+        let c = Config::load_unchecked(&d.path().join("sub/top.yaml")).unwrap();
+        assert_eq!((c.repeats, c.warmup), (5, 1));
+        // A backend it names replaces the base's; the others are the base's.
+        assert_eq!(names(&c, "reference"), ["oracle", "naive_f32"]);
+        assert_eq!(names(&c, "pjrt-cpu"), ["k"]);
+        assert_eq!(names(&c, "pjrt-tpu"), ["j"]);
+        // Expected failures: the base's, then its own.
+        let reasons: Vec<&str> = c
+            .expected_failures
+            .iter()
+            .map(|e| e.reason.as_str())
+            .collect();
+        assert_eq!(reasons, ["base", "top"]);
+        // Paths against the directory of the file that names them.
+        let path_of = |backend: &str| {
+            c.backends
+                .exported_lists()
+                .into_iter()
+                .find(|(b, _)| *b == backend)
+                .map(|(_, l)| enabled(l)[0].pythonpath[0].clone())
+                .unwrap()
+        };
+        assert_eq!(path_of("pjrt-cpu"), d.path().join("sub/../kernels"));
+        assert_eq!(path_of("pjrt-tpu"), d.path().join("sub/mine"));
+        assert_eq!(
+            c.origin,
+            d.path().join("sub/top.yaml").display().to_string()
+        );
+        assert_eq!(
+            c.sources,
+            [
+                d.path().join("sub/../base.yaml"),
+                d.path().join("sub/top.yaml")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bad_extends_is_one_line_naming_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let err = |name: &str, text: &str| {
+            let p = d.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            let e = format!("{:#}", Config::load_unchecked(&p).unwrap_err());
+            assert!(!e.contains('\n'), "{e}");
+            assert!(e.contains(&p.display().to_string()), "{e}");
+            e
+        };
+        let e = err("a.yaml", "extends: nowhere.yaml\n");
+        assert!(e.contains("extends `nowhere.yaml`: cannot read"), "{e}");
+        err("b.yaml", "extends: c.yaml\n");
+        let e = err("c.yaml", "extends: b.yaml\n");
+        assert!(
+            e.contains("a cycle") && e.contains("b.yaml → ") && e.contains("c.yaml"),
+            "{e}"
+        );
+        let e = err("self.yaml", "extends: self.yaml\n");
+        assert!(e.contains("a cycle"), "{e}");
+        std::fs::write(d.path().join("base.yaml"), BASE).unwrap();
+        let e = err("typo.yaml", "extends: base.yaml\nrepeat: 5\n");
+        assert!(e.contains("repeat") && e.contains("line 2"), "{e}");
+        let e = err(
+            "ef.yaml",
+            "extends: base.yaml\nexpected_failures:\n  - {implementation: k, backend: pjrt-gpu, reason: r}\n",
+        );
+        assert!(
+            e.contains("expected_failures[0]: backend `pjrt-gpu` is not configured"),
+            "{e}"
+        );
+        let e = Config::parse("extends: base.yaml\n", "t.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("t.yaml: `extends`"), "{e}");
+    }
+
+    #[test]
+    fn an_edit_of_the_base_changes_the_identity_of_a_run_under_the_extending_file() {
+        let d = tempfile::tempdir().unwrap();
+        let (base, top) = (d.path().join("base.yaml"), d.path().join("top.yaml"));
+        std::fs::write(&base, BASE).unwrap();
+        std::fs::write(&top, "extends: base.yaml\n").unwrap();
+        let digest = || {
+            let c = Config::load_unchecked(&top).unwrap();
+            crate::run_identity::RunIdentity::of("ci", &top, &c)
+                .unwrap()
+                .config_digest
+        };
+        let before = digest();
+        assert_eq!(before, digest());
+        std::fs::write(&base, BASE.replace("repeats: 3", "repeats: 4")).unwrap();
+        assert_ne!(
+            before,
+            digest(),
+            "the base's bytes are part of the identity"
+        );
+    }
+}
+
+#[cfg(test)]
 mod shipped {
     #[test]
     fn every_shipped_config_loads() {
@@ -732,5 +965,52 @@ mod shipped {
             }
         }
         assert!(n >= 4, "{n} configs");
+    }
+
+    /// The configurations for TPU VMs are their CPU machine's twins plus pjrt-tpu: every
+    /// other backend lists the same implementations (they drifted apart as copies).
+    #[test]
+    fn the_tpu_configs_are_their_bases_plus_pjrt_tpu() {
+        let root = crate::repo_root();
+        for (tpu, base) in [
+            ("configs/tpu.yaml", "configs/default.yaml"),
+            ("configs/nightly-tpu.yaml", "configs/nightly.yaml"),
+        ] {
+            let t = super::Config::load(&root.join(tpu)).unwrap();
+            let b = super::Config::load(&root.join(base)).unwrap();
+            let lists = |c: &super::Config| -> Vec<(String, Vec<String>)> {
+                c.backends
+                    .exported_lists()
+                    .into_iter()
+                    .chain(
+                        c.backends
+                            .reference
+                            .iter()
+                            .map(|r| ("reference", r.implementations.as_slice())),
+                    )
+                    .filter(|(n, _)| *n != "pjrt-tpu")
+                    .map(|(n, l)| {
+                        let v = super::enabled(l)
+                            .iter()
+                            .map(|i| i.display_name().to_string())
+                            .collect();
+                        (n.to_string(), v)
+                    })
+                    .collect()
+            };
+            assert_eq!(lists(&t), lists(&b), "{tpu} against {base}");
+            assert_eq!(
+                t.backends.names().len(),
+                b.backends.names().len() + 1,
+                "{tpu}"
+            );
+            assert!(t.backends.pjrt_tpu.is_some(), "{tpu}");
+            let base_entries = b.expected_failures.len();
+            assert_eq!(
+                t.expected_failures[..base_entries],
+                b.expected_failures[..],
+                "{tpu}"
+            );
+        }
     }
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 pub struct RunIdentity {
     /// The suite selected.
     pub suite: String,
-    /// xxh3 of the configuration file's bytes.
+    /// xxh3 of the configuration file's bytes (with its base's, for one that `extends` another).
     pub config_digest: String,
     /// `GRPO_TOL_SCALE` in force.
     pub tol_scale: f64,
@@ -108,9 +108,23 @@ fn code_digest(imp: &ImplConfig, package: &str) -> String {
 
 impl RunIdentity {
     /// The identity of a run of `suite` under the configuration read from `config_path`.
+    /// A configuration that extends another is digested with every file it was read from,
+    /// so an edit of its base changes the identity too.
     pub fn of(suite: &str, config_path: &Path, config: &Config) -> Result<RunIdentity> {
-        let bytes = std::fs::read(config_path)
-            .with_context(|| format!("cannot read config {}", config_path.display()))?;
+        let read = |p: &Path| {
+            std::fs::read(p).with_context(|| format!("cannot read config {}", p.display()))
+        };
+        let bytes = if config.sources.len() > 1 {
+            let mut all = Vec::new();
+            for p in &config.sources {
+                let b = read(p)?;
+                all.extend_from_slice(&(b.len() as u64).to_le_bytes());
+                all.extend_from_slice(&b);
+            }
+            all
+        } else {
+            read(config_path)?
+        };
         let package = python_sources_digest(&[crate::repo_root().join("backends/jax/grpo_jax")]);
         let mut code = BTreeMap::new();
         for imp in config.backends.exported_implementations() {

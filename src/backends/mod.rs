@@ -271,6 +271,33 @@ pub struct BackendsConfig {
 }
 
 impl BackendsConfig {
+    /// Puts `other`'s backends over these: each backend `other` configures replaces this
+    /// one's of the same name whole (a configuration that `extends` another).
+    pub fn overlay(&mut self, other: BackendsConfig) {
+        let BackendsConfig {
+            reference,
+            pjrt_cpu,
+            pjrt_gpu,
+            tpu_aot,
+            pjrt_tpu,
+        } = other;
+        if reference.is_some() {
+            self.reference = reference;
+        }
+        if pjrt_cpu.is_some() {
+            self.pjrt_cpu = pjrt_cpu;
+        }
+        if pjrt_gpu.is_some() {
+            self.pjrt_gpu = pjrt_gpu;
+        }
+        if tpu_aot.is_some() {
+            self.tpu_aot = tpu_aot;
+        }
+        if pjrt_tpu.is_some() {
+            self.pjrt_tpu = pjrt_tpu;
+        }
+    }
+
     /// Checks every backend's settings.
     pub fn validate(&self, origin: &str) -> Result<()> {
         if let Some(r) = &self.reference {
