@@ -75,6 +75,37 @@ def test_lane_major_token_vectors(dtype, layout):
     assert _check(dtype, knobs, options, t=100) == []
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("options", [
+    dict(SMALL, dhidden="forward"),
+    dict(SMALL, dhidden="forward", lm_head_layout="vh"),
+    dict(SMALL, dhidden="forward", bwd_dz_dtype="x3_dlm_head"),
+    dict(SMALL, dhidden="forward", bwd_dz_dtype="f32"),
+    dict(SMALL, dhidden="forward", oob_fill="finite"),
+    dict(block_tokens=128, block_v=256, dhidden="forward"),  # lane-major rows
+])
+@pytest.mark.parametrize("name", ["grpo_token_beta", "grpo_sequence"])
+def test_dhidden_from_the_forward(name, dtype, options):
+    """dhidden "forward" (the 6-pass memory corner): the forward also accumulates
+    pw = sum of p_v W_v over the non-chosen columns, online, and dhidden is formed from it
+    and W's chosen row; partial token blocks and vocab tiles, both layouts, every dz."""
+    t = 100 if options["block_tokens"] == 128 else 7
+    assert _check(dtype, dict(KNOB_SETS[name], logits_dtype="input"), options, t=t) == []
+
+
+@pytest.mark.parametrize("layout", ["hv", "vh"])
+def test_a_forward_that_drops_the_last_tile_from_pw_fails(monkeypatch, layout):
+    """The deliberately wrong forward of issue 38: pw without the last vocab tile (232 of
+    1000 columns). lse, logp and dlm_head stay right; dhidden misses the oracle."""
+    from grpo_jax.impls import pallas_fused
+    make_plan = pallas_fused.make_plan
+    monkeypatch.setattr(pallas_fused, "make_plan", lambda *a, **k: make_plan(
+        *a, **k)._replace(unsafe_pw_drop_last_tile=True))
+    options = dict(SMALL, dhidden="forward", lm_head_layout=layout)
+    problems = _check("bf16", dict(KNOB_SETS["grpo_token_beta"], logits_dtype="input"), options)
+    assert problems and all(p.startswith("dhidden") for p in problems), problems
+
+
 def test_block_size_invariance():
     knobs = KNOB_SETS["drgrpo_delta_L"]
     *_, ref = _run("f32", knobs, SMALL)
@@ -90,6 +121,8 @@ def test_bad_options_are_errors():
         impl.check_options({"block_tokens": 0})
     with pytest.raises(RequestError, match="bwd_dz_dtype"):
         impl.check_options({"bwd_dz_dtype": "f64"})
+    with pytest.raises(RequestError, match="dhidden must be 'kernel' or 'forward'"):
+        impl.check_options({"dhidden": "backward"})
 
 
 def test_mosaic_constraints_are_unsupported_reasons():

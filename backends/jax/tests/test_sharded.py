@@ -70,7 +70,8 @@ def test_support_reasons():
 
 
 FUSED = [("jax_baseline", {}), ("xla_chunked", dict(chunk_tokens=8, chunk_vocab=128)),
-         ("pallas_fused", dict(block_tokens=8, block_v=128))]
+         ("pallas_fused", dict(block_tokens=8, block_v=128)),
+         ("pallas_fused", dict(block_tokens=8, block_v=128, dhidden="forward"))]
 
 
 @pytest.mark.parametrize("impl,options", FUSED)

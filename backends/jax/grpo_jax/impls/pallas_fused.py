@@ -41,6 +41,21 @@ input-dtype terms t1 = round(dz), t2 = round(dz - t1), t3 = round(dz - t1 - t2),
 single-pass matmul summed in f32 (7 single-pass matmuls in all: the lightest dz that
 keeps the Adam trajectory, docs/implementations.md "xla_saved_logits").
 
+``dhidden: forward`` (the memory corner at 6 single-pass matmuls with ``x3_dlm_head``,
+against 7): the forward kernel also accumulates, per token block and online as flash
+attention's output, ``r = alpha * r + p' @ W_tile^T`` with p' = exp(s - m) and the chosen
+column zeroed, and writes pw = r / l = sum over the non-chosen columns of p_v W_v ([N, H],
+in dz's dtype: one more input-sized array held until the backward). The backward then
+forms dhidden in XLA without recomputing the logits:
+
+    dhidden = (-g expm1(logp) + g_lse exp(logp)) / tau * W[:, y] - (g - g_lse) / tau * pw
+
+(the chosen column's coefficient g - (g - g_lse) p_y written without cancellation as
+p_y -> 1; no chosen term for an id outside the shard), and only the dlm_head kernel
+runs. The forward's second matmul replaces the dhidden kernel's two, and the LM head is
+streamed once per token block one time fewer. On tpu7x XLA re-tiles the whole LM head
+for the gather of its chosen rows (docs/implementations.md).
+
 Unaligned sizes are handled in-kernel, nothing is padded in HBM: the last vocab tile runs
 past V (columns >= V are -inf in the forward, and both dz and the W tile are zeroed there
 in the backward: the out-of-bounds part of a block is unspecified memory, NaN in
@@ -62,6 +77,8 @@ auto = ``tpu_layout.tpu_default_order`` on tpu, "hv" elsewhere).
                           (x3_dlm_head: input for dhidden, three input-dtype terms for dlm_head)
   vmem_limit_bytes null   Mosaic scoped-VMEM limit per kernel; null = twice the estimated
                           working set, at least 32 MiB, at most 100 MiB (v5e/v6e have 128)
+  dhidden      "kernel" | "forward": dhidden by its own backward kernel (recomputing the
+                          logits) or from the forward's pw (see above)
   oob_fill     "unspecified" | "finite": what the out-of-bounds part of an edge block
                           holds. "unspecified" leaves it to the backend (NaN in interpret
                           mode, whatever is in memory on TPU). "finite" (interpret mode
@@ -118,6 +135,14 @@ class Plan(NamedTuple):
     # dz enters the dlm_head product as this many input-dtype terms t1 = round(dz),
     # t2 = round(dz - t1), ... (bwd_dz_dtype "x3_dlm_head": 3; else 1, dz_dtype's dz).
     dw_terms: int = 1
+    # dhidden "forward": the forward kernel also accumulates, online as flash attention's
+    # output, pw = sum over the non-chosen columns of p_v * W_v ([bt, H] f32 in VMEM,
+    # rescaled with the running max; written to HBM in dz's dtype); the backward forms
+    # dhidden from pw and W's chosen row in XLA, and only the dlm_head kernel recomputes
+    # the logits.
+    dh_in_fwd: bool = False
+    # A test aid (a deliberately wrong forward): pw leaves out the last vocab tile.
+    unsafe_pw_drop_last_tile: bool = False
 
     @property
     def tok_blocks(self) -> int:
@@ -216,8 +241,12 @@ def _valid_w(plan: Plan, j, w, vlim):
 # --------------------------------------------------------------------------- kernels
 
 def _fwd_kernel(*refs, plan: Plan):
-    vlim, (ids_ref, h_ref, w_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a_sc, c_sc) = \
-        _split(plan, refs)
+    vlim, refs = _split(plan, refs)
+    if plan.dh_in_fwd:
+        ids_ref, h_ref, w_ref, lse_ref, logp_ref, ent_ref, pw_ref, m_sc, l_sc, a_sc, c_sc, \
+            r_sc = refs
+    else:
+        ids_ref, h_ref, w_ref, lse_ref, logp_ref, ent_ref, m_sc, l_sc, a_sc, c_sc = refs
     j = pl.program_id(1)
 
     @pl.when(j == 0)
@@ -226,8 +255,13 @@ def _fwd_kernel(*refs, plan: Plan):
         l_sc[...] = jnp.zeros(l_sc.shape, f32)
         a_sc[...] = jnp.zeros(a_sc.shape, f32)
         c_sc[...] = jnp.zeros(c_sc.shape, f32)
+        if plan.dh_in_fwd:
+            r_sc[...] = jnp.zeros(r_sc.shape, f32)
 
-    s = _logits(plan, h_ref[...].astype(plan.dtype), w_ref[...])
+    w = w_ref[...]
+    if plan.dh_in_fwd:  # its columns past V enter p @ W^T: 0, not unspecified memory
+        w = _valid_w(plan, j, w, vlim)
+    s = _logits(plan, h_ref[...].astype(plan.dtype), w)
     col = _cols(plan, j, s.shape)
     if plan.tail_v:
         s = jnp.where(col < vlim, s, -jnp.inf)
@@ -242,9 +276,21 @@ def _fwd_kernel(*refs, plan: Plan):
     m_sc[...] = m_new
     ids = _to_col(ids_ref[...]) if plan.lane_rows else ids_ref[...]
     c_sc[...] += jnp.sum(jnp.where(col == ids, s, 0.0), axis=1, keepdims=True)
+    if plan.dh_in_fwd:
+        # r = alpha * r + p' @ W_tile^T, p' = exp(s - m) without the chosen column.
+        pe = jnp.where(col == ids, 0.0, e)
+        if plan.unsafe_pw_drop_last_tile:
+            pe = jnp.where(j == pl.num_programs(1) - 1, 0.0, pe)
+        pe = pe.astype(plan.dz_dtype)
+        dims = (((1,), (0,)), ((), ())) if plan.vocab_major else (((1,), (1,)), ((), ()))
+        r_sc[...] = alpha * r_sc[...] + jax.lax.dot_general(
+            pe, w.astype(plan.dz_dtype), dims, preferred_element_type=f32,
+            precision=plan.precision)
 
     @pl.when(j == pl.num_programs(1) - 1)
     def _finish():
+        if plan.dh_in_fwd:
+            pw_ref[...] = (r_sc[...] / l_sc[...]).astype(pw_ref.dtype)
         log_l = jnp.log(l_sc[...])
         lse = m_sc[...] + log_l
         out = _to_row if plan.lane_rows else (lambda c: c)
@@ -339,6 +385,8 @@ def vmem_estimate(plan: Plan) -> int:
     zt = tile(plan.bt, plan.bv, 4)
     stats = tile(plan.bt, 1, 4)
     fwd = 2 * hb + 2 * wt + 4 * zt + 12 * stats
+    if plan.dh_in_fwd:  # pw's scratch and double-buffered output block, W's masked copy
+        fwd += tile(plan.bt, plan.h, 4) + 2 * tile(plan.bt, plan.h, jnp.dtype(plan.dz_dtype).itemsize) + 2 * wt
     dh = 2 * hb + 2 * wt + 2 * wt + 2 * hb + tile(plan.bt, plan.h, 4) + 4 * zt + 6 * stats
     dw = 2 * hb + 2 * wt + 2 * wt + 2 * wt + wt32 + 4 * zt + 6 * stats
     return max(fwd, dh, dw)
@@ -374,11 +422,22 @@ def fwd_cost(plan: Plan, hidden_dtype=None) -> pl.CostEstimate:
     hd = jnp.dtype(hidden_dtype or plan.dtype)
     hconv = int(hd != jnp.dtype(plan.dtype))
     n, h, v = plan.n, plan.h, plan.v
+    pw_flops = pw_bytes = 0
+    if plan.dh_in_fwd:
+        # p' @ W^T per step; per tile element the chosen column's select (and p's convert);
+        # per step W's mask (3 per W element when V is masked) and convert, and
+        # r = alpha * r + ... (2 per r element); per token block r / l.
+        pconv = int(plan.dz_dtype != f32)
+        wconv = int(plan.dz_dtype != plan.dtype)
+        pw_flops = (2 * plan.bt * plan.bv * h * steps + (1 + pconv) * tiles
+                    + steps * plan.bv * h * (3 * m + wconv) + 2 * steps * plan.bt * h
+                    + tok * h * (1 + pconv))
+        pw_bytes = jnp.dtype(plan.dz_dtype).itemsize * n * h
     return pl.CostEstimate(
         flops=2 * plan.bt * plan.bv * h * steps + (12 + rnd + 2 * m) * tiles
-        + 10 * tok * plan.voc_tiles + 4 * tok + steps * plan.bt * h * hconv,
+        + 10 * tok * plan.voc_tiles + 4 * tok + steps * plan.bt * h * hconv + pw_flops,
         transcendentals=tiles + tok * plan.voc_tiles + tok,
-        bytes_accessed=hd.itemsize * n * h + it * plan.tok_blocks * h * v + 16 * n)
+        bytes_accessed=hd.itemsize * n * h + it * plan.tok_blocks * h * v + 16 * n + pw_bytes)
 
 
 def _bwd_elem_ops(plan: Plan) -> int:
@@ -496,13 +555,17 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
         return _pad_axis(w, w_axis, v_pad, 3, v) if finite else w
 
     def forward(hidden, w, ids, valid):
+        """(lse, logp, entropy[, pw [N, H] in dz's dtype when plan.dh_in_fwd])."""
+        pw_out = [hid] if plan.dh_in_fwd else []
+        pw_shape = [jax.ShapeDtypeStruct((n, h), plan.dz_dtype)] if plan.dh_in_fwd else []
+        pw_scratch = [pltpu.VMEM((bt, h), f32)] if plan.dh_in_fwd else []
         return pl.pallas_call(
             functools.partial(_fwd_kernel, plan=plan),
             grid=(plan.tok_blocks, plan.voc_tiles),
             in_specs=smem + [row, hid, _w_spec(plan, lambda i, j: j)],
-            out_specs=[row] * 3,
-            out_shape=[col] * 3,
-            scratch_shapes=[pltpu.VMEM((bt, 1), f32)] * 4,
+            out_specs=[row] * 3 + pw_out,
+            out_shape=[col] * 3 + pw_shape,
+            scratch_shapes=[pltpu.VMEM((bt, 1), f32)] * 4 + pw_scratch,
             compiler_params=_params(("parallel", "arbitrary"), limit),
             cost_estimate=fwd_cost(plan, hidden.dtype),
             interpret=interpret,
@@ -542,24 +605,47 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
         )(*pre(valid), tok(rows, row_axis, 4), tok(hidden, 0, 2), w_in)
         return jax.lax.slice_in_dim(out, 0, v, axis=w_axis) if out.shape != w.shape else out
 
+    def dhidden_from_pw(hidden, w, ids, valid, logp, pw, g, g_lse):
+        """dhidden = sum_v dz_v W_v with dz = (g onehot - (g - g_lse) p) / tau, from the
+        forward's pw = sum over the non-chosen columns of p_v W_v: the chosen column's
+        coefficient (g - (g - g_lse) p_y) / tau = (-g expm1(logp) + g_lse p_y) / tau
+        (no cancellation as p_y -> 1) times W's chosen row, less (g - g_lse) / tau * pw.
+        An id outside [0, valid) (another shard's column, or -1) has no chosen term."""
+        idv = ids.reshape(n)
+        vlim = valid.reshape(()) if plan.dynamic_valid else v
+        mine = (idv >= 0) & (idv < vlim)
+        lp = logp.reshape(n)
+        gv, glv = g.reshape(n), g_lse.reshape(n)
+        a = jnp.where(mine, (-gv * jnp.expm1(lp) + glv * jnp.exp(lp)) / plan.temperature, 0.0)
+        b = (gv - glv) / plan.temperature
+        y = jnp.clip(idv, 0, w.shape[w_axis] - 1)
+        wy = (w[y, :] if plan.vocab_major else w[:, y].T).astype(f32)
+        return (a[:, None] * wy - b[:, None] * pw.astype(f32)).astype(hidden.dtype)
+
     @jax.custom_vjp
     def logp_entropy_lse(hidden, w, ids, valid):
-        lse, logp, ent = forward(hidden, w, ids, valid)
+        lse, logp, ent = forward(hidden, w, ids, valid)[:3]
         return logp, ent, lse
 
     def fwd_rule(hidden, w, ids, valid):
-        lse, logp, ent = forward(hidden, w, ids, valid)
-        return (logp, ent, lse), (hidden, w, ids, valid, lse)
+        out = forward(hidden, w, ids, valid)
+        lse, logp, ent = out[:3]
+        pw = (logp, out[3]) if plan.dh_in_fwd else None
+        return (logp, ent, lse), (hidden, w, ids, valid, lse, pw)
 
     def bwd_rule(res, cts):
-        hidden, w, ids, valid, lse = res
+        hidden, w, ids, valid, lse, pw = res
         g = cts[0].astype(f32)  # entropy's cotangent is ignored (a metric)
         parts = [lse, g, g - cts[2].astype(f32), ids.astype(f32)]
         if plan.lane_rows:  # [8, N]: four rows and four of padding to the sublane tile
             rows = jnp.concatenate(parts + [jnp.zeros((4, n), f32)], axis=0)
         else:
             rows = jnp.concatenate(parts, axis=1)
-        return dhidden(hidden, w, rows, valid), dlm_head(hidden, w, rows, valid), None, None
+        if plan.dh_in_fwd:
+            dh = dhidden_from_pw(hidden, w, ids, valid, pw[0], pw[1], g, cts[2].astype(f32))
+        else:
+            dh = dhidden(hidden, w, rows, valid)
+        return dh, dlm_head(hidden, w, rows, valid), None, None
 
     logp_entropy_lse.defvjp(fwd_rule, bwd_rule)
     return logp_entropy_lse
@@ -581,6 +667,9 @@ def _validate_options(options: Mapping[str, Any]) -> None:
     if options["bwd_dz_dtype"] not in ("input", "f32", "x3_dlm_head"):
         raise RequestError(f"impl_options.bwd_dz_dtype must be 'input', 'f32' or "
                            f"'x3_dlm_head', got {options['bwd_dz_dtype']!r}")
+    if options["dhidden"] not in ("kernel", "forward"):
+        raise RequestError(f"impl_options.dhidden must be 'kernel' or 'forward', "
+                           f"got {options['dhidden']!r}")
     if options["oob_fill"] not in ("unspecified", "finite"):
         raise RequestError(f"impl_options.oob_fill must be 'unspecified' or 'finite', "
                            f"got {options['oob_fill']!r}")
@@ -608,7 +697,8 @@ def make_plan(p: Problem, k: Knobs, options: Mapping[str, Any],
                    else jax.lax.Precision.DEFAULT),
         dynamic_valid=dynamic_valid,
         lane_rows=min(options["block_tokens"], n) % LANE == 0,
-        dw_terms=3 if options["bwd_dz_dtype"] == "x3_dlm_head" and p.dtype != "f32" else 1)
+        dw_terms=3 if options["bwd_dz_dtype"] == "x3_dlm_head" and p.dtype != "f32" else 1,
+        dh_in_fwd=options["dhidden"] == "forward")
 
 
 def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[str]:
@@ -681,10 +771,10 @@ IMPLEMENTATION = Implementation(
     capabilities=Capabilities(levels=frozenset({"fused"}), platforms=frozenset({"cpu", "tpu"}), mosaic_tpu=True),
     default_options={"block_tokens": 256, "block_v": 512, "interpret": None,
                      "lm_head_layout": None, "bwd_dz_dtype": "input", "vmem_limit_bytes": None,
-                     "oob_fill": "unspecified"},
+                     "oob_fill": "unspecified", "dhidden": "kernel"},
     extra_check=extra_check,
     validate_options=_validate_options,
     per_token=per_token,
     search_space={"block_tokens": (128, 256, 512, 1024), "block_v": (256, 512, 1024, 2048),
-                  "bwd_dz_dtype": ("input", "f32")},
+                  "bwd_dz_dtype": ("input", "f32"), "dhidden": ("kernel", "forward")},
 )
