@@ -75,16 +75,17 @@ def test_lane_major_token_vectors(dtype, layout):
     assert _check(dtype, knobs, options, t=100) == []
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-@pytest.mark.parametrize("options", [
-    dict(SMALL, dhidden="forward"),
-    dict(SMALL, dhidden="forward", lm_head_layout="vh"),
-    dict(SMALL, dhidden="forward", bwd_dz_dtype="x3_dlm_head"),
-    dict(SMALL, dhidden="forward", bwd_dz_dtype="f32"),
-    dict(SMALL, dhidden="forward", oob_fill="finite"),
-    dict(block_tokens=128, block_v=256, dhidden="forward"),  # lane-major rows
-])
-@pytest.mark.parametrize("name", ["grpo_token_beta", "grpo_sequence"])
+FWD_DH = [dict(SMALL, dhidden="forward"),
+          dict(SMALL, dhidden="forward", lm_head_layout="vh"),
+          dict(SMALL, dhidden="forward", bwd_dz_dtype="x3_dlm_head"),
+          dict(SMALL, dhidden="forward", bwd_dz_dtype="f32"),
+          dict(SMALL, dhidden="forward", oob_fill="finite"),
+          dict(block_tokens=128, block_v=256, dhidden="forward")]  # lane-major rows
+
+
+@pytest.mark.parametrize("dtype,name,options",
+                         [("bf16", "grpo_sequence", o) for o in FWD_DH]
+                         + [("f32", "grpo_token_beta", o) for o in (FWD_DH[0], FWD_DH[1], FWD_DH[5])])
 def test_dhidden_from_the_forward(name, dtype, options):
     """dhidden "forward" (the 6-pass memory corner): the forward also accumulates
     pw = sum of p_v W_v over the non-chosen columns, online, and dhidden is formed from it

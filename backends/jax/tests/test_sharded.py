@@ -70,8 +70,7 @@ def test_support_reasons():
 
 
 FUSED = [("jax_baseline", {}), ("xla_chunked", dict(chunk_tokens=8, chunk_vocab=128)),
-         ("pallas_fused", dict(block_tokens=8, block_v=128)),
-         ("pallas_fused", dict(block_tokens=8, block_v=128, dhidden="forward"))]
+         ("pallas_fused", dict(block_tokens=8, block_v=128))]
 
 
 @pytest.mark.parametrize("impl,options", FUSED)
@@ -84,6 +83,19 @@ def test_fused_level_sharded_matches_oracle(impl, options, sharding, devices, v,
     inputs = make_inputs(problem, 5)
     knobs = Knobs.from_json(dict(KNOB_SETS[name], logits_dtype=logits_dtype))
     got = _run(impl, problem, knobs, inputs, devices, sharding, options)
+    assert compare(got, oracle(inputs, knobs.to_json(), "fused"), inputs["mask"], "bf16") == []
+
+
+@pytest.mark.parametrize("sharding,devices,v", [("batch", 4, 1000), ("vocab", 4, 1001)])
+def test_pallas_fused_dhidden_from_the_forward_sharded(sharding, devices, v):
+    """pallas_fused's dhidden "forward" (pw from the forward kernel) on both shardings:
+    on a vocab shard the chosen term belongs to the shard that owns the id, and the
+    shard's own lse enters pw and the coefficients (lse's cotangent)."""
+    problem = Problem("fused", 4, 5, v, 40, "bf16")
+    inputs = make_inputs(problem, 5)
+    knobs = Knobs.from_json(dict(KNOB_SETS["grpo_token_beta"], logits_dtype="input"))
+    got = _run("pallas_fused", problem, knobs, inputs, devices, sharding,
+               dict(block_tokens=8, block_v=128, dhidden="forward"))
     assert compare(got, oracle(inputs, knobs.to_json(), "fused"), inputs["mask"], "bf16") == []
 
 
