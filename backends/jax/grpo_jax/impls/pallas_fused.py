@@ -52,9 +52,10 @@ forms dhidden in XLA without recomputing the logits:
 
 (the chosen column's coefficient g - (g - g_lse) p_y written without cancellation as
 p_y -> 1; no chosen term for an id outside the shard), and only the dlm_head kernel
-runs. The forward's second matmul replaces the dhidden kernel's two, and the LM head is
-streamed once per token block one time fewer. On tpu7x XLA re-tiles the whole LM head
-for the gather of its chosen rows (docs/implementations.md).
+runs. The forward's second matmul replaces the dhidden kernel's two, and one kernel
+instead of two streams the LM head per token block. On tpu7x XLA runs the gather of W's
+chosen columns on the SparseCore, which takes a transposed copy of the whole LM head
+(docs/implementations.md, "The time-memory front").
 
 Unaligned sizes are handled in-kernel, nothing is padded in HBM: the last vocab tile runs
 past V (columns >= V are -inf in the forward, and both dz and the W tile are zeroed there
@@ -386,7 +387,8 @@ def vmem_estimate(plan: Plan) -> int:
     stats = tile(plan.bt, 1, 4)
     fwd = 2 * hb + 2 * wt + 4 * zt + 12 * stats
     if plan.dh_in_fwd:  # pw's scratch and double-buffered output block, W's masked copy
-        fwd += tile(plan.bt, plan.h, 4) + 2 * tile(plan.bt, plan.h, jnp.dtype(plan.dz_dtype).itemsize) + 2 * wt
+        pw = tile(plan.bt, plan.h, jnp.dtype(plan.dz_dtype).itemsize)
+        fwd += tile(plan.bt, plan.h, 4) + 2 * pw + 2 * wt
     dh = 2 * hb + 2 * wt + 2 * wt + 2 * hb + tile(plan.bt, plan.h, 4) + 4 * zt + 6 * stats
     dw = 2 * hb + 2 * wt + 2 * wt + 2 * wt + wt32 + 4 * zt + 6 * stats
     return max(fwd, dh, dw)
