@@ -822,24 +822,38 @@ mod tests {
     }
 }
 
+/// Every backend's enabled implementation names (reference included), for tests.
+#[cfg(test)]
+fn names_by_backend(c: &Config) -> Vec<(String, Vec<String>)> {
+    c.backends
+        .exported_lists()
+        .into_iter()
+        .chain(
+            c.backends
+                .reference
+                .iter()
+                .map(|r| ("reference", r.implementations.as_slice())),
+        )
+        .map(|(n, l)| {
+            let v = enabled(l)
+                .iter()
+                .map(|i| i.display_name().to_string())
+                .collect();
+            (n.to_string(), v)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod extends_tests {
     use super::*;
 
     fn names(c: &Config, backend: &str) -> Vec<String> {
-        c.backends
-            .exported_lists()
+        names_by_backend(c)
             .into_iter()
-            .chain(
-                c.backends
-                    .reference
-                    .iter()
-                    .map(|r| ("reference", r.implementations.as_slice())),
-            )
-            .filter(|(b, _)| *b == backend)
-            .flat_map(|(_, l)| enabled(l))
-            .map(|i| i.display_name().to_string())
-            .collect()
+            .find(|(b, _)| b == backend)
+            .map(|(_, v)| v)
+            .unwrap_or_default()
     }
 
     const BASE: &str = "repeats: 3\nbackends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu:\n    implementations:\n      - {id: 'k:IMPL', name: k, pythonpath: [kernels]}\nexpected_failures:\n  - {implementation: k, backend: pjrt-cpu, reason: base}\n";
@@ -978,25 +992,10 @@ mod shipped {
         ] {
             let t = super::Config::load(&root.join(tpu)).unwrap();
             let b = super::Config::load(&root.join(base)).unwrap();
-            let lists = |c: &super::Config| -> Vec<(String, Vec<String>)> {
-                c.backends
-                    .exported_lists()
-                    .into_iter()
-                    .chain(
-                        c.backends
-                            .reference
-                            .iter()
-                            .map(|r| ("reference", r.implementations.as_slice())),
-                    )
-                    .filter(|(n, _)| *n != "pjrt-tpu")
-                    .map(|(n, l)| {
-                        let v = super::enabled(l)
-                            .iter()
-                            .map(|i| i.display_name().to_string())
-                            .collect();
-                        (n.to_string(), v)
-                    })
-                    .collect()
+            let lists = |c: &super::Config| {
+                let mut v = super::names_by_backend(c);
+                v.retain(|(n, _)| n != "pjrt-tpu");
+                v
             };
             assert_eq!(lists(&t), lists(&b), "{tpu} against {base}");
             assert_eq!(
