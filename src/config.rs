@@ -91,6 +91,17 @@ fn top_level_key(text: &str, key: &str) -> bool {
     })
 }
 
+/// Checks the timeouts a file gives: each at least 1 second.
+fn check_timeouts(origin: &str, trial: Option<u64>, export: Option<u64>) -> Result<()> {
+    if export == Some(0) {
+        bail!("{origin}: export_timeout_s must be at least 1 (seconds per exported module)");
+    }
+    if trial == Some(0) {
+        bail!("{origin}: trial_timeout_s must be a whole number of seconds ≥ 1 (got 0)");
+    }
+    Ok(())
+}
+
 /// Checks expected-failure entries: each has a reason, and names a configured backend.
 fn check_expected(origin: &str, backends: &BackendsConfig, list: &[ExpectedFailure]) -> Result<()> {
     for (k, e) in list.iter().enumerate() {
@@ -520,12 +531,7 @@ impl Config {
         }
         let mut c: Config = serde_yaml_ng::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
         c.origin = origin.to_string();
-        if c.export_timeout_s == 0 {
-            bail!("{origin}: export_timeout_s must be at least 1 (seconds per exported module)");
-        }
-        if c.trial_timeout_s == 0 {
-            bail!("{origin}: trial_timeout_s must be a whole number of seconds ≥ 1 (got 0)");
-        }
+        check_timeouts(origin, Some(c.trial_timeout_s), Some(c.export_timeout_s))?;
         c.backends.validate(origin)?;
         check_expected(origin, &c.backends, &c.expected_failures)?;
         Ok(c)
@@ -598,20 +604,9 @@ impl Config {
         if let Some(v) = x.warmup {
             c.warmup = v;
         }
-        if let Some(v) = x.trial_timeout_s {
-            if v == 0 {
-                bail!("{origin}: trial_timeout_s must be a whole number of seconds ≥ 1 (got 0)");
-            }
-            c.trial_timeout_s = v;
-        }
-        if let Some(v) = x.export_timeout_s {
-            if v == 0 {
-                bail!(
-                    "{origin}: export_timeout_s must be at least 1 (seconds per exported module)"
-                );
-            }
-            c.export_timeout_s = v;
-        }
+        check_timeouts(&origin, x.trial_timeout_s, x.export_timeout_s)?;
+        c.trial_timeout_s = x.trial_timeout_s.unwrap_or(c.trial_timeout_s);
+        c.export_timeout_s = x.export_timeout_s.unwrap_or(c.export_timeout_s);
         c.origin = origin;
         c.sources.push(path.to_path_buf());
         Ok(c)
@@ -937,6 +932,8 @@ mod extends_tests {
             e.contains("expected_failures[0]: backend `pjrt-gpu` is not configured"),
             "{e}"
         );
+        let e = err("zero.yaml", "extends: base.yaml\ntrial_timeout_s: 0\n");
+        assert!(e.contains("trial_timeout_s must be a whole number"), "{e}");
         let e = Config::parse("extends: base.yaml\n", "t.yaml")
             .unwrap_err()
             .to_string();
