@@ -43,6 +43,8 @@ pub const LIBTPU: &str = "GRPO_LIBTPU";
 pub const RECORDS: &str = "GRPO_RECORDS";
 /// XLA:CPU's backend optimization level for `pjrt-cpu` compiles.
 pub const CPU_OPT_LEVEL: &str = "GRPO_XLA_CPU_OPT_LEVEL";
+/// Whether `pjrt-cpu` compiles use XLA:CPU's MLIR fusion emitters.
+pub const CPU_FUSION_EMITTERS: &str = "GRPO_XLA_CPU_FUSION_EMITTERS";
 /// Allows a tolerance scale above [`MAX_TOL_SCALE`].
 pub const ALLOW_LOOSE: &str = "GRPO_ALLOW_LOOSE_TOLERANCES";
 /// The largest tolerance multiplier accepted without [`ALLOW_LOOSE`]: the `loose` tier's 10×.
@@ -57,6 +59,7 @@ pub const VARS: &[Var] = &[
     Var { name: TOL_SCALE, meaning: "multiplies every tolerance, and k of the trajectory gate (docs/trajectory.md) (a finite number > 0; 0.1 is a stricter run); shown in the summary and in every record when ≠ 1", default: "1", read_by: "gates" },
     Var { name: ALLOW_LOOSE, meaning: "`1`: accept a `GRPO_TOL_SCALE` above 10 (a run that loosens every gate that much is otherwise refused)", default: "unset", read_by: "gates" },
     Var { name: CPU_OPT_LEVEL, meaning: "XLA:CPU's backend (LLVM) optimization level of `pjrt-cpu` compiles, 0 to 3 (XLA's `xla_backend_optimization_level`): at 0 the ci tier's small modules take about a third less CPU time, with the same verdicts (docs/backends.md); TPU and GPU compiles are not affected. `scripts/test.sh` sets 0", default: "unset: XLA's default", read_by: "`pjrt-cpu`" },
+    Var { name: CPU_FUSION_EMITTERS, meaning: "`0`: `pjrt-cpu` compiles use XLA:CPU's elemental IR emitters instead of its MLIR fusion emitters (XLA's `xla_cpu_use_fusion_emitters=false`): the ci tier's conformance run takes a third less CPU time and pytest half, with the same verdicts (docs/backends.md); `1` forces the fusion emitters; TPU and GPU compiles are not affected. `scripts/test.sh` sets 0", default: "unset: XLA's default (fusion emitters)", read_by: "`pjrt-cpu`" },
     Var { name: BLESS, meaning: "`1`: the harness rewrites golden files instead of checking them", default: "unset (check)", read_by: "test harness" },
     Var { name: PYTHON, meaning: "Python interpreter that runs the exporter (`grpo_jax`)", default: "`.venv/bin/python`", read_by: "PJRT backends, `scripts/setup.sh`" },
     Var { name: ARTIFACTS, meaning: "cache directory of exported modules", default: "`target/grpo-artifacts`", read_by: "PJRT backends" },
@@ -233,6 +236,19 @@ pub fn cpu_opt_level() -> Result<Option<i64>> {
     }
 }
 
+/// `GRPO_XLA_CPU_FUSION_EMITTERS`: `0` (false), `1` (true), or unset (XLA's default).
+pub fn cpu_fusion_emitters() -> Result<Option<bool>> {
+    match raw(CPU_FUSION_EMITTERS).as_deref().map(str::trim) {
+        None => Ok(None),
+        Some("0") => Ok(Some(false)),
+        Some("1") => Ok(Some(true)),
+        Some(other) => bail!(
+            "{CPU_FUSION_EMITTERS}={}: expected 0 (XLA:CPU's elemental emitters) or 1 (its fusion emitters), or unset it for XLA's default",
+            shown_quoted(other)
+        ),
+    }
+}
+
 /// Validates every variable the suite reads; the first invalid one is the error.
 pub fn check_all() -> Result<()> {
     for (name, r) in [
@@ -256,6 +272,7 @@ pub fn check_all() -> Result<()> {
         (TOL_SCALE, tol_scale().map(|_| ())),
         (BLESS, bless().map(|_| ())),
         (CPU_OPT_LEVEL, cpu_opt_level().map(|_| ())),
+        (CPU_FUSION_EMITTERS, cpu_fusion_emitters().map(|_| ())),
     ] {
         r.map_err(|e| anyhow::anyhow!("{e:#}").context(format!("environment variable {name}")))?;
     }

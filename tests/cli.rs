@@ -367,6 +367,11 @@ fn an_invalid_cpu_opt_level_is_one_line_before_any_work() {
 }
 
 #[test]
+fn an_invalid_cpu_fusion_emitters_setting_is_one_line_before_any_work() {
+    refused_in_one_line("GRPO_XLA_CPU_FUSION_EMITTERS", &["2", "false", "", "yes"]);
+}
+
+#[test]
 fn a_scaled_tolerance_is_loud_in_the_summary() {
     let loose = [
         ("GRPO_TOL_SCALE", "1e30"),

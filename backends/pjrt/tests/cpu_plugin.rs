@@ -134,6 +134,36 @@ fn add_f32_from_mlir_text() {
     assert_eq!(out2[0][0].to_host::<f32>().unwrap(), vec![11.0, 22.0, 33.0]);
 }
 
+/// The XLA:CPU settings the suite passes as compile-option overrides (its
+/// `GRPO_XLA_CPU_OPT_LEVEL` and `GRPO_XLA_CPU_FUSION_EMITTERS`) are debug options this
+/// plugin knows: a module compiles and computes with them, while a name it does not know
+/// is refused, so a misspelt override cannot be silently ignored.
+#[test]
+fn xla_cpu_option_overrides_are_applied_by_name() {
+    use grpo_pjrt::proto::OptionOverrideValue::{BoolField, IntField};
+    let c = client();
+    let with = |name: &str, value| {
+        let mut o = CompileOptions::default();
+        o.option_overrides.push((name.to_string(), value));
+        c.compile(&Program::mlir_text(ADD_F32), &o)
+    };
+    for (name, value) in [
+        ("xla_backend_optimization_level", IntField(0)),
+        ("xla_cpu_use_fusion_emitters", BoolField(false)),
+        ("xla_cpu_use_fusion_emitters", BoolField(true)),
+    ] {
+        let exe = with(name, value).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let a = upload_f32(&c, &[1.0, 2.0, 3.0], &[3]);
+        let b = upload_f32(&c, &[10.0, 20.0, 30.0], &[3]);
+        let out = exe.execute(&[vec![&a, &b]]).unwrap();
+        assert_eq!(out[0][0].to_host::<f32>().unwrap(), vec![11.0, 22.0, 33.0], "{name}");
+    }
+    let e = with("xla_cpu_use_fusion_emitterz", BoolField(false))
+        .err()
+        .expect("an unknown override name is refused");
+    assert!(e.to_string().contains("xla_cpu_use_fusion_emitterz"), "{e}");
+}
+
 #[test]
 fn execute_async_then_wait_for_outputs() {
     let c = client();

@@ -219,21 +219,46 @@ pub fn compile_options(num_partitions: usize, ids: &[i64]) -> Result<CompileOpti
     })
 }
 
-/// `options` with XLA:CPU's backend (LLVM) optimization level set to `level` when the
-/// profile is the CPU's (`GRPO_XLA_CPU_OPT_LEVEL`, docs/environment.md); a GPU or TPU
-/// compile is left as it is.
-pub fn with_cpu_opt_level(
-    mut options: CompileOptions,
-    profile: Profile,
-    level: Option<i64>,
-) -> CompileOptions {
-    if let (Profile::Cpu, Some(level)) = (profile, level) {
-        options.option_overrides.push((
-            "xla_backend_optimization_level".into(),
-            grpo_pjrt::proto::OptionOverrideValue::IntField(level),
-        ));
+/// XLA:CPU's compile settings of `pjrt-cpu` (docs/environment.md); `None` keeps XLA's
+/// default. GPU and TPU compiles never take them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuCompile {
+    /// The backend (LLVM) optimization level, `xla_backend_optimization_level`
+    /// (`GRPO_XLA_CPU_OPT_LEVEL`).
+    pub opt_level: Option<i64>,
+    /// MLIR fusion emitters (`true`) or the elemental IR emitters (`false`),
+    /// `xla_cpu_use_fusion_emitters` (`GRPO_XLA_CPU_FUSION_EMITTERS`).
+    pub fusion_emitters: Option<bool>,
+}
+
+impl CpuCompile {
+    /// The settings the environment asks for (an invalid value is an error naming it).
+    pub fn from_env() -> Result<Self> {
+        Ok(Self {
+            opt_level: crate::env::cpu_opt_level()?,
+            fusion_emitters: crate::env::cpu_fusion_emitters()?,
+        })
     }
-    options
+
+    /// `options` with these settings when the profile is the CPU's; a GPU or TPU compile
+    /// is left as it is.
+    pub fn apply(&self, mut options: CompileOptions, profile: Profile) -> CompileOptions {
+        use grpo_pjrt::proto::OptionOverrideValue::{BoolField, IntField};
+        if profile != Profile::Cpu {
+            return options;
+        }
+        if let Some(level) = self.opt_level {
+            options
+                .option_overrides
+                .push(("xla_backend_optimization_level".into(), IntField(level)));
+        }
+        if let Some(on) = self.fusion_emitters {
+            options
+                .option_overrides
+                .push(("xla_cpu_use_fusion_emitters".into(), BoolField(on)));
+        }
+        options
+    }
 }
 
 fn itemsize(dtype: &str) -> Result<usize> {
@@ -453,11 +478,7 @@ fn run_job(
         }
         let code = std::fs::read(&job.module)
             .with_context(|| format!("cannot read {}", job.module.display()))?;
-        let options = with_cpu_opt_level(
-            compile_options(n, &ids)?,
-            profile,
-            crate::env::cpu_opt_level()?,
-        );
+        let options = CpuCompile::from_env()?.apply(compile_options(n, &ids)?, profile);
         let t0 = Instant::now();
         let exe = client
             .compile(&Program::mlir_bytecode(code), &options)
@@ -646,24 +667,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cpu_opt_level_reaches_cpu_compiles_only() {
-        use grpo_pjrt::proto::OptionOverrideValue::IntField;
-        let set =
-            |p, l| with_cpu_opt_level(compile_options(1, &[0]).unwrap(), p, l).option_overrides;
+    fn the_cpu_compile_settings_reach_cpu_compiles_only() {
+        use grpo_pjrt::proto::OptionOverrideValue::{BoolField, IntField};
+        let set = |p, opt_level, fusion_emitters| {
+            CpuCompile { opt_level, fusion_emitters }
+                .apply(compile_options(1, &[0]).unwrap(), p)
+                .option_overrides
+        };
         assert_eq!(
-            set(Profile::Cpu, Some(0)),
+            set(Profile::Cpu, Some(0), None),
             vec![("xla_backend_optimization_level".to_string(), IntField(0))]
         );
-        assert_eq!(set(Profile::Cpu, None), vec![]);
-        assert_eq!(set(Profile::Gpu, Some(0)), vec![]);
-        assert_eq!(set(Profile::Tpu, Some(0)), vec![]);
-        // A multi-device compile keeps its partitioning.
-        let o = with_cpu_opt_level(
-            compile_options(4, &[0, 1, 2, 3]).unwrap(),
-            Profile::Cpu,
-            Some(1),
+        assert_eq!(
+            set(Profile::Cpu, Some(0), Some(false)),
+            vec![
+                ("xla_backend_optimization_level".to_string(), IntField(0)),
+                ("xla_cpu_use_fusion_emitters".to_string(), BoolField(false)),
+            ]
         );
-        assert_eq!((o.num_partitions, o.option_overrides.len()), (4, 1));
+        assert_eq!(
+            set(Profile::Cpu, None, Some(true)),
+            vec![("xla_cpu_use_fusion_emitters".to_string(), BoolField(true))]
+        );
+        assert_eq!(set(Profile::Cpu, None, None), vec![]);
+        assert_eq!(set(Profile::Gpu, Some(0), Some(false)), vec![]);
+        assert_eq!(set(Profile::Tpu, Some(0), Some(false)), vec![]);
+        // A multi-device compile keeps its partitioning.
+        let o = CpuCompile { opt_level: Some(1), fusion_emitters: Some(false) }
+            .apply(compile_options(4, &[0, 1, 2, 3]).unwrap(), Profile::Cpu);
+        assert_eq!((o.num_partitions, o.option_overrides.len()), (4, 2));
     }
 
     #[test]
