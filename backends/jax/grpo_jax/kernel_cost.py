@@ -293,10 +293,14 @@ class _BodyCost:
                           "where": _where(eqn)})
 
     def _dma(self, eqn, total: float) -> None:
-        # The copied region's bytes: the destination ref's (transformed) shape.
+        # The copied region's bytes: the destination ref's shape after its transforms
+        # (``buf.at[r]`` copies one [H, L] slice of a [g, H, L] scratch, not all of it).
+        import jax
         try:
-            dst = eqn.invars[len(eqn.invars) // 2].aval
-            nbytes = _shape_size(dst) * _itemsize(dst.dtype)
+            refs = jax.tree_util.tree_unflatten(
+                eqn.params["tree"], [getattr(v, "aval", v) for v in eqn.invars])
+            dst = refs[1]
+            nbytes = math.prod(dst.shape) * _itemsize(dst.dtype)
         except Exception:  # noqa: BLE001 - an unreadable DMA is named, not guessed
             self.note("a manual DMA whose size could not be read is not counted")
             return

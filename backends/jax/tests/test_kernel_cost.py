@@ -93,7 +93,10 @@ FUSED = [((2, 8, 2049, 64), {"block_tokens": 256, "block_v": 512}),
          ((2, 1024, 32001, 1024), {"block_tokens": 256, "block_v": 512}),
          ((3, 5, 4097, 33), {"block_tokens": 8, "block_v": 128, "dhidden": "forward"}),
          ((2, 1024, 32001, 1024), {"block_tokens": 256, "block_v": 512, "dhidden": "forward",
-                                   "bwd_dz_dtype": "x3_dlm_head"})]
+                                   "bwd_dz_dtype": "x3_dlm_head"}),
+         ((2, 1024, 32000, 1024), {"block_tokens": 256, "block_v": 512, "dhidden": "forward",
+                                   "bwd_dz_dtype": "x3_dlm_head", "lm_head_layout": "hv",
+                                   "chosen_gather": "dma"})]
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])

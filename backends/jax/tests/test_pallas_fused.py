@@ -6,6 +6,7 @@ block-size invariance, and TPU (Mosaic) export on this CPU machine.
 Interpret mode costs about (grid steps x array size): N = 21 tokens, H = 40, V = 1000.
 """
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -80,18 +81,53 @@ FWD_DH = [dict(SMALL, dhidden="forward"),
           dict(SMALL, dhidden="forward", bwd_dz_dtype="x3_dlm_head"),
           dict(SMALL, dhidden="forward", bwd_dz_dtype="f32"),
           dict(SMALL, dhidden="forward", oob_fill="finite"),
-          dict(block_tokens=128, block_v=256, dhidden="forward")]  # lane-major rows
+          dict(block_tokens=128, block_v=256, dhidden="forward"),  # lane-major rows
+          dict(SMALL, dhidden="forward", chosen_gather="dma")]
 
 
 @pytest.mark.parametrize("dtype,name,options",
                          [("bf16", "grpo_sequence", o) for o in FWD_DH]
-                         + [("f32", "grpo_token_beta", o) for o in (FWD_DH[0], FWD_DH[1], FWD_DH[5])])
+                         + [("f32", "grpo_token_beta", o)
+                            for o in (FWD_DH[0], FWD_DH[1], FWD_DH[5], FWD_DH[6])])
 def test_dhidden_from_the_forward(name, dtype, options):
     """dhidden "forward" (the 6-pass memory corner): the forward also accumulates
     pw = sum of p_v W_v over the non-chosen columns, online, and dhidden is formed from it
     and W's chosen row; partial token blocks and vocab tiles, both layouts, every dz."""
     t = 100 if options["block_tokens"] == 128 else 7
     assert _check(dtype, dict(KNOB_SETS[name], logits_dtype="input"), options, t=t) == []
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("v,n", [(1000, 21), (100, 5), (2048, 40)])
+def test_the_dma_gathered_columns_are_the_chosen_ones(dtype, v, n):
+    """chosen_columns.gather (chosen_gather "dma"): each token's column of W, bit for bit,
+    with a partial last step (N not a multiple of the tokens a step), a partial last
+    128-column block (V = 1000), a head narrower than one block (V = 100), and ids at
+    both ends, -1 and past V (clipped, as the caller's mask expects)."""
+    from grpo_jax.impls import chosen_columns
+    rng = np.random.default_rng(v + n)
+    h = 40
+    w = jnp.asarray(rng.standard_normal((h, v)), {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype])
+    ids = rng.integers(0, v, n)
+    ids[:4] = [0, v - 1, -1, v + 7]
+    got = np.asarray(chosen_columns.gather(w, jnp.asarray(ids, jnp.int32), interpret=True))
+    want = np.asarray(w)[:, np.clip(ids, 0, v - 1)].T
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_the_dma_gather_is_refused_where_it_cannot_run():
+    from grpo_jax.impls.pallas_fused import extra_check
+    impl = get("pallas_fused")
+    k = Knobs.from_json({})
+
+    def why(options, v=1024, platform="tpu"):
+        return extra_check(Problem("fused", 1, 256, v, 128, "bf16", platform), k,
+                           impl.resolve_options(dict(options, chosen_gather="dma")))
+    assert "dhidden 'forward'" in why({})
+    assert "vocab-major" in why({"dhidden": "forward", "lm_head_layout": "vh"})
+    assert "multiple of 128" in why({"dhidden": "forward", "lm_head_layout": "hv"}, v=1000)
+    assert why({"dhidden": "forward", "lm_head_layout": "hv"}) is None
+    assert why({"dhidden": "forward"}, v=1000, platform="cpu") is None
 
 
 @pytest.mark.parametrize("layout", ["hv", "vh"])
@@ -124,6 +160,8 @@ def test_bad_options_are_errors():
         impl.check_options({"bwd_dz_dtype": "f64"})
     with pytest.raises(RequestError, match="dhidden must be 'kernel' or 'forward'"):
         impl.check_options({"dhidden": "backward"})
+    with pytest.raises(RequestError, match="chosen_gather must be one of"):
+        impl.check_options({"chosen_gather": "sparsecore"})
 
 
 def test_mosaic_constraints_are_unsupported_reasons():

@@ -86,16 +86,19 @@ def test_fused_level_sharded_matches_oracle(impl, options, sharding, devices, v,
     assert compare(got, oracle(inputs, knobs.to_json(), "fused"), inputs["mask"], "bf16") == []
 
 
-@pytest.mark.parametrize("sharding,devices,v", [("batch", 4, 1000), ("vocab", 4, 1001)])
-def test_pallas_fused_dhidden_from_the_forward_sharded(sharding, devices, v):
+@pytest.mark.parametrize("sharding,devices,v,gather", [("batch", 4, 1000, "xla"),
+                                                      ("vocab", 4, 1001, "xla"),
+                                                      ("vocab", 4, 1001, "dma")])
+def test_pallas_fused_dhidden_from_the_forward_sharded(sharding, devices, v, gather):
     """pallas_fused's dhidden "forward" (pw from the forward kernel) on both shardings:
     on a vocab shard the chosen term belongs to the shard that owns the id, and the
-    shard's own lse enters pw and the coefficients (lse's cotangent)."""
+    shard's own lse enters pw and the coefficients (lse's cotangent); W's chosen columns
+    by XLA's gather or by DMAs (chosen_gather), which read a shard's own columns only."""
     problem = Problem("fused", 4, 5, v, 40, "bf16")
     inputs = make_inputs(problem, 5)
     knobs = Knobs.from_json(dict(KNOB_SETS["grpo_token_beta"], logits_dtype="input"))
     got = _run("pallas_fused", problem, knobs, inputs, devices, sharding,
-               dict(block_tokens=8, block_v=128, dhidden="forward"))
+               dict(block_tokens=8, block_v=128, dhidden="forward", chosen_gather=gather))
     assert compare(got, oracle(inputs, knobs.to_json(), "fused"), inputs["mask"], "bf16") == []
 
 

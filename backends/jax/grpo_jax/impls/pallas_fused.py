@@ -55,7 +55,8 @@ p_y -> 1; no chosen term for an id outside the shard), and only the dlm_head ker
 runs. The forward's second matmul replaces the dhidden kernel's two, and one kernel
 instead of two streams the LM head per token block. On tpu7x XLA runs the gather of W's
 chosen columns on the SparseCore, which takes a transposed copy of the whole LM head
-(docs/implementations.md, "The time-memory front").
+(docs/implementations.md, "The time-memory front"); ``chosen_gather: "dma"`` gathers them
+by DMAs instead (chosen_columns.py).
 
 Unaligned sizes are handled in-kernel, nothing is padded in HBM: the last vocab tile runs
 past V (columns >= V are -inf in the forward, and both dz and the W tile are zeroed there
@@ -80,6 +81,10 @@ auto = ``tpu_layout.tpu_default_order`` on tpu, "hv" elsewhere).
                           working set, at least 32 MiB, at most 100 MiB (v5e/v6e have 128)
   dhidden      "kernel" | "forward": dhidden by its own backward kernel (recomputing the
                           logits) or from the forward's pw (see above)
+  chosen_gather "xla" | "dma": with dhidden "forward", how the backward gets W's chosen
+                          columns: XLA's gather, or the DMA kernel of chosen_columns.py
+                          (W [H, V] only; on TPU V a multiple of 128): on tpu7x XLA's
+                          gather copies the whole LM head transposed (see above)
   oob_fill     "unspecified" | "finite": what the out-of-bounds part of an edge block
                           holds. "unspecified" leaves it to the backend (NaN in interpret
                           mode, whatever is in memory on TPU). "finite" (interpret mode
@@ -99,7 +104,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from ..spec import Knobs, Problem, RequestError
-from . import grpo_math
+from . import chosen_columns, grpo_math
 from .dz_terms import product_of_terms
 from .interface import Capabilities, Implementation
 from .pallas_logits import _interpret
@@ -144,6 +149,9 @@ class Plan(NamedTuple):
     dh_in_fwd: bool = False
     # A test aid (a deliberately wrong forward): pw leaves out the last vocab tile.
     unsafe_pw_drop_last_tile: bool = False
+    # chosen_gather "dma": W's chosen columns for dhidden_from_pw by the DMA kernel of
+    # chosen_columns.py instead of XLA's gather (W [H, V] only).
+    chosen_dma: bool = False
 
     @property
     def tok_blocks(self) -> int:
@@ -621,7 +629,10 @@ def make_logp_entropy(plan: Plan, *, interpret: bool, vmem_limit_bytes: Optional
         a = jnp.where(mine, (-gv * jnp.expm1(lp) + glv * jnp.exp(lp)) / plan.temperature, 0.0)
         b = (gv - glv) / plan.temperature
         y = jnp.clip(idv, 0, w.shape[w_axis] - 1)
-        wy = (w[y, :] if plan.vocab_major else w[:, y].T).astype(f32)
+        if plan.chosen_dma:
+            wy = chosen_columns.gather(w, y, interpret=interpret).astype(f32)
+        else:
+            wy = (w[y, :] if plan.vocab_major else w[:, y].T).astype(f32)
         return (a[:, None] * wy - b[:, None] * pw.astype(f32)).astype(hidden.dtype)
 
     @jax.custom_vjp
@@ -672,6 +683,9 @@ def _validate_options(options: Mapping[str, Any]) -> None:
     if options["dhidden"] not in ("kernel", "forward"):
         raise RequestError(f"impl_options.dhidden must be 'kernel' or 'forward', "
                            f"got {options['dhidden']!r}")
+    if options["chosen_gather"] not in chosen_columns.GATHERS:
+        raise RequestError(f"impl_options.chosen_gather must be one of "
+                           f"{list(chosen_columns.GATHERS)}, got {options['chosen_gather']!r}")
     if options["oob_fill"] not in ("unspecified", "finite"):
         raise RequestError(f"impl_options.oob_fill must be 'unspecified' or 'finite', "
                            f"got {options['oob_fill']!r}")
@@ -700,12 +714,19 @@ def make_plan(p: Problem, k: Knobs, options: Mapping[str, Any],
         dynamic_valid=dynamic_valid,
         lane_rows=min(options["block_tokens"], n) % LANE == 0,
         dw_terms=3 if options["bwd_dz_dtype"] == "x3_dlm_head" and p.dtype != "f32" else 1,
-        dh_in_fwd=options["dhidden"] == "forward")
+        dh_in_fwd=options["dhidden"] == "forward",
+        chosen_dma=options["chosen_gather"] == "dma")
 
 
 def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[str]:
     """Invalid options raise RequestError; Mosaic constraints give an unsupported reason."""
     _validate_options(options)
+    if options["chosen_gather"] == "dma":
+        if options["dhidden"] != "forward":
+            return "chosen_gather 'dma' gathers for dhidden 'forward' (the dhidden kernel gathers nothing)"
+        if make_plan(p, k, options).vocab_major:
+            return ("chosen_gather 'dma' reads W [H, V]; this LM head is vocab-major, whose "
+                    "chosen rows XLA gathers without a copy")
     if _interpret(p.platform, options):
         return None  # plain HLO: any block shape works
     if options["oob_fill"] != "unspecified":
@@ -722,6 +743,8 @@ def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[st
                    f"{SUBLANE} nor N=B*T={plan.n}")
     if plan.bv % LANE and plan.bv != plan.v:
         bad.append(f"block_v={options['block_v']} is neither a multiple of {LANE} nor V={plan.v}")
+    if plan.chosen_dma and chosen_columns.unsupported_on_tpu(plan.v):
+        bad.append(chosen_columns.unsupported_on_tpu(plan.v))
     need, limit = vmem_estimate(plan), _limit(plan, options["vmem_limit_bytes"])
     if need > limit:
         bad.append(f"estimated VMEM working set {need} B (block_tokens={plan.bt}, "
@@ -773,10 +796,11 @@ IMPLEMENTATION = Implementation(
     capabilities=Capabilities(levels=frozenset({"fused"}), platforms=frozenset({"cpu", "tpu"}), mosaic_tpu=True),
     default_options={"block_tokens": 256, "block_v": 512, "interpret": None,
                      "lm_head_layout": None, "bwd_dz_dtype": "input", "vmem_limit_bytes": None,
-                     "oob_fill": "unspecified", "dhidden": "kernel"},
+                     "oob_fill": "unspecified", "dhidden": "kernel", "chosen_gather": "xla"},
     extra_check=extra_check,
     validate_options=_validate_options,
     per_token=per_token,
     search_space={"block_tokens": (128, 256, 512, 1024), "block_v": (256, 512, 1024, 2048),
-                  "bwd_dz_dtype": ("input", "f32"), "dhidden": ("kernel", "forward")},
+                  "bwd_dz_dtype": ("input", "f32"), "dhidden": ("kernel", "forward"),
+                  "chosen_gather": ("xla", "dma")},
 )
