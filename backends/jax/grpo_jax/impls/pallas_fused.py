@@ -721,10 +721,11 @@ def make_plan(p: Problem, k: Knobs, options: Mapping[str, Any],
 def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[str]:
     """Invalid options raise RequestError; Mosaic constraints give an unsupported reason."""
     _validate_options(options)
-    if options["chosen_gather"] == "dma":
-        if options["dhidden"] != "forward":
+    plan = make_plan(p, k, options)
+    if plan.chosen_dma:
+        if not plan.dh_in_fwd:
             return "chosen_gather 'dma' gathers for dhidden 'forward' (the dhidden kernel gathers nothing)"
-        if make_plan(p, k, options).vocab_major:
+        if plan.vocab_major:
             return ("chosen_gather 'dma' reads W [H, V]; this LM head is vocab-major, whose "
                     "chosen rows XLA gathers without a copy")
     if _interpret(p.platform, options):
@@ -736,15 +737,15 @@ def extra_check(p: Problem, k: Knobs, options: Mapping[str, Any]) -> Optional[st
         return f"Mosaic (interpret=false) needs platform tpu, not {p.platform!r}"
     if p.dtype == "f16":
         return "Mosaic cannot load f16 vectors on TPU v5e/v6e/tpu7x (\"Invalid vector type for load\")"
-    plan = make_plan(p, k, options)
     bad = []
     if plan.bt % SUBLANE and plan.bt != plan.n:
         bad.append(f"block_tokens={options['block_tokens']} is neither a multiple of "
                    f"{SUBLANE} nor N=B*T={plan.n}")
     if plan.bv % LANE and plan.bv != plan.v:
         bad.append(f"block_v={options['block_v']} is neither a multiple of {LANE} nor V={plan.v}")
-    if plan.chosen_dma and chosen_columns.unsupported_on_tpu(plan.v):
-        bad.append(chosen_columns.unsupported_on_tpu(plan.v))
+    misaligned = plan.chosen_dma and chosen_columns.unsupported_on_tpu(plan.v)
+    if misaligned:
+        bad.append(misaligned)
     need, limit = vmem_estimate(plan), _limit(plan, options["vmem_limit_bytes"])
     if need > limit:
         bad.append(f"estimated VMEM working set {need} B (block_tokens={plan.bt}, "
