@@ -45,6 +45,8 @@ pub struct Run {
     pub generator_version: u64,
     /// Tolerance multiplier of the run.
     pub tol_scale: f64,
+    /// XLA:CPU's compile settings of its pjrt-cpu trials (none in records of older suites).
+    pub xla_cpu: Option<String>,
     /// Trials by name (last record wins).
     pub trials: BTreeMap<String, TrialOutcome>,
 }
@@ -53,7 +55,7 @@ pub struct Run {
 pub fn load(path: &Path) -> Result<Run> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut meta: Option<(String, u64, u64, f64)> = None;
+    let mut meta: Option<(String, u64, u64, f64, Option<String>)> = None;
     let mut trials = BTreeMap::new();
     for (k, line) in text
         .lines()
@@ -67,11 +69,12 @@ pub fn load(path: &Path) -> Result<Run> {
             v["oracle_version"].as_u64().unwrap_or(0),
             v["generator_version"].as_u64().unwrap_or(0),
             v["tol_scale"].as_f64().unwrap_or(1.0),
+            v["xla_cpu"].as_str().map(String::from),
         );
         match &meta {
             None => meta = Some(m),
             Some(first) if *first != m => bail!(
-                "{}:{}: mixes runs (suite/versions/tolerance scale {:?} after {:?})",
+                "{}:{}: mixes runs (suite/versions/tolerance scale/XLA:CPU settings {:?} after {:?})",
                 path.display(),
                 k + 1,
                 m,
@@ -83,7 +86,7 @@ pub fn load(path: &Path) -> Result<Run> {
             .with_context(|| format!("{}:{}: not a trial record", path.display(), k + 1))?;
         trials.insert(o.name.clone(), o);
     }
-    let Some((suite, oracle_version, generator_version, tol_scale)) = meta else {
+    let Some((suite, oracle_version, generator_version, tol_scale, xla_cpu)) = meta else {
         bail!("{} holds no records", path.display())
     };
     Ok(Run {
@@ -91,6 +94,7 @@ pub fn load(path: &Path) -> Result<Run> {
         oracle_version,
         generator_version,
         tol_scale,
+        xla_cpu,
         trials,
     })
 }
@@ -119,6 +123,8 @@ pub struct Comparison {
     pub regressions: Vec<Finding>,
     /// What got better (or appeared).
     pub improvements: Vec<Finding>,
+    /// What differs between the runs' settings without making them incomparable.
+    pub notes: Vec<String>,
 }
 
 impl Comparison {
@@ -186,6 +192,14 @@ fn verdict_text(v: &Verdict) -> String {
 /// Compares two runs (assumed compatible).
 pub fn compare(base: &Run, new: &Run) -> Comparison {
     let mut c = Comparison::default();
+    if base.xla_cpu != new.xla_cpu {
+        let show = |x: &Option<String>| x.clone().unwrap_or_else(|| "not recorded".into());
+        c.notes.push(format!(
+            "XLA:CPU compile settings differ: BASE {}, NEW {} (pjrt-cpu's figures move with them)",
+            show(&base.xla_cpu),
+            show(&new.xla_cpu)
+        ));
+    }
     let mut timed: BTreeMap<String, Vec<(f64, f64, f64)>> = BTreeMap::new();
     let f = |trial: &str, what: &str, base: String, new: String| Finding {
         trial: trial.into(),
@@ -312,6 +326,9 @@ pub fn markdown(base_path: &Path, new_path: &Path, base: &Run, c: &Comparison) -
         c.matched,
         c.time_judged
     );
+    for n in &c.notes {
+        s.push_str(&format!("**Note:** {n}.\n\n"));
+    }
     for (title, list) in [
         ("Regressions", &c.regressions),
         ("Improvements and new trials", &c.improvements),
@@ -339,6 +356,37 @@ pub fn markdown(base_path: &Path, new_path: &Path, base: &Run, c: &Comparison) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run(xla_cpu: Option<&str>) -> Run {
+        Run {
+            suite: "ci".into(),
+            oracle_version: 2,
+            generator_version: 1,
+            tol_scale: 1.0,
+            xla_cpu: xla_cpu.map(String::from),
+            trials: BTreeMap::new(),
+        }
+    }
+
+    /// Runs compiled with other XLA:CPU settings compare, with the difference named
+    /// before the findings; runs with the same settings get no note.
+    #[test]
+    fn different_xla_cpu_settings_are_named() {
+        let (a, b) = (
+            run(Some("opt_level=0 fusion_emitters=0")),
+            run(Some("opt_level=default fusion_emitters=default")),
+        );
+        assert!(incompatible(&a, &b).is_none());
+        let c = compare(&a, &b);
+        let md = markdown(Path::new("a"), Path::new("b"), &a, &c);
+        assert!(
+            md.contains("**Note:** XLA:CPU compile settings differ: BASE opt_level=0 fusion_emitters=0, NEW opt_level=default fusion_emitters=default"),
+            "{md}"
+        );
+        assert!(compare(&a, &run(None)).notes[0].contains("NEW not recorded"));
+        assert!(compare(&a, &a).notes.is_empty());
+        assert!(!markdown(Path::new("a"), Path::new("b"), &a, &compare(&a, &a)).contains("Note"));
+    }
 
     #[test]
     fn threshold_follows_the_spread() {

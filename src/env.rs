@@ -249,6 +249,16 @@ pub fn cpu_fusion_emitters() -> Result<Option<bool>> {
     }
 }
 
+/// XLA:CPU's compile settings of `pjrt-cpu` trials as one line, e.g.
+/// `opt_level=0 fusion_emitters=0` (`default` where a variable is unset). Records carry
+/// it: pjrt-cpu's figures move with it (docs/backends.md), so `--resume` refuses a
+/// records file written under other settings and `compare` names the difference.
+pub fn xla_cpu_settings() -> Result<String> {
+    let opt = cpu_opt_level()?.map_or("default".to_string(), |n| n.to_string());
+    let emitters = cpu_fusion_emitters()?.map_or("default", |b| if b { "1" } else { "0" });
+    Ok(format!("opt_level={opt} fusion_emitters={emitters}"))
+}
+
 /// Validates every variable the suite reads; the first invalid one is the error.
 pub fn check_all() -> Result<()> {
     for (name, r) in [

@@ -14,6 +14,7 @@ pub struct RecordWriter {
     path: PathBuf,
     out: BufWriter<File>,
     identity: Option<RunIdentity>,
+    xla_cpu: String,
 }
 
 /// One line of a record file.
@@ -34,6 +35,8 @@ pub struct Record<'a> {
     pub generator_version: u32,
     /// Tolerance multiplier in force (`GRPO_TOL_SCALE`; 1 = the documented gates).
     pub tol_scale: f64,
+    /// XLA:CPU's compile settings of pjrt-cpu trials ([`crate::env::xla_cpu_settings`]).
+    pub xla_cpu: &'a str,
     /// Digest of the configuration file (runs of `grpo-suite run`; [`RunIdentity`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub config_digest: Option<&'a str>,
@@ -55,13 +58,16 @@ fn open_append(path: &Path) -> Result<File> {
 }
 
 impl RecordWriter {
-    /// Creates (or appends to) `path`, creating its directory.
+    /// Creates (or appends to) `path`, creating its directory; fails on an invalid
+    /// XLA:CPU setting, which every line records.
     pub fn open(path: &Path) -> Result<RecordWriter> {
+        let xla_cpu = crate::env::xla_cpu_settings()?;
         let f = open_append(path)?;
         Ok(RecordWriter {
             path: path.to_path_buf(),
             out: BufWriter::new(f),
             identity: None,
+            xla_cpu,
         })
     }
 
@@ -92,6 +98,7 @@ impl RecordWriter {
             oracle_version: crate::oracle::ORACLE_VERSION,
             generator_version: crate::inputs::GENERATOR_VERSION,
             tol_scale: crate::gates::tiers::scale(),
+            xla_cpu: &self.xla_cpu,
             config_digest: self.identity.as_ref().map(|i| i.config_digest.as_str()),
             code_digest: self
                 .identity

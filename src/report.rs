@@ -297,6 +297,14 @@ fn multi_device_rows(runs: &[&TrialOutcome]) -> Vec<[String; 6]> {
         .collect()
 }
 
+/// The run's XLA:CPU compile settings as a clause of the header, if recorded.
+fn xla_cpu_text(run: &Run, sep: &str) -> String {
+    run.xla_cpu
+        .as_ref()
+        .map(|x| format!("{sep}XLA:CPU {x}"))
+        .unwrap_or_default()
+}
+
 /// Writes `report.html` and `report.md` under `out`.
 pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Written> {
     let run = compare::load(run_path)?;
@@ -427,12 +435,13 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
 
     // Markdown.
     let mut md = format!(
-        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}.\n\n**{} passed, {} failed, {} errors, {} ignored, {} expected failures, {} unexpected passes** ({} trials; {} not applicable).\n\n",
+        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}{}.\n\n**{} passed, {} failed, {} errors, {} ignored, {} expected failures, {} unexpected passes** ({} trials; {} not applicable).\n\n",
         run_path.display(),
         run.suite,
         run.oracle_version,
         run.generator_version,
         run.tol_scale,
+        xla_cpu_text(&run, ", "),
         tally.passed,
         tally.failed,
         tally.errors,
@@ -502,12 +511,13 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     let mut html = String::from("<!doctype html><html><head><meta charset=\"utf-8\"><title>grpo-conformance report</title><style>body{font-family:sans-serif;margin:24px;max-width:1400px}table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}th{background:#f5f5f5;position:sticky;top:0}.m td{text-align:center}.m td.case{text-align:left;font-family:monospace}h2{margin-top:32px}</style></head><body>");
     let _ = write!(
         html,
-        "<h1>grpo-conformance report</h1><p>{} · suite <b>{}</b> · oracle v{} · generator v{} · tolerance scale {}</p><p style=\"font-size:18px\"><b>{} passed, {} failed, {} errors, {} ignored</b>, {} expected failures, {} unexpected passes ({} trials)</p>",
+        "<h1>grpo-conformance report</h1><p>{} · suite <b>{}</b> · oracle v{} · generator v{} · tolerance scale {}{}</p><p style=\"font-size:18px\"><b>{} passed, {} failed, {} errors, {} ignored</b>, {} expected failures, {} unexpected passes ({} trials)</p>",
         esc(&run_path.display().to_string()),
         esc(&run.suite),
         run.oracle_version,
         run.generator_version,
         run.tol_scale,
+        esc(&xla_cpu_text(&run, " · ")),
         tally.passed,
         tally.failed,
         tally.errors,
@@ -518,6 +528,9 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     );
     if let Some((_, c)) = &cmp {
         let _ = write!(html, "<h2>Against the baseline: {}</h2><p>{} trials matched; {} regressions, {} improvements.</p>", if c.regressed() { "REGRESSED" } else { "no regression" }, c.matched, c.regressions.len(), c.improvements.len());
+        for n in &c.notes {
+            let _ = write!(html, "<p><b>Note:</b> {}.</p>", esc(n));
+        }
         for (title, list) in [
             ("Regressions", &c.regressions),
             ("Improvements and new trials", &c.improvements),

@@ -1,6 +1,6 @@
 //! What makes two runs' records comparable line for line: the suite, the configuration,
-//! the tolerance scale, the oracle and input-generator versions, and each
-//! implementation's code. Every record line of `grpo-suite run` carries it, and
+//! the tolerance scale, XLA:CPU's compile settings, the oracle and input-generator
+//! versions, and each implementation's code. Every record line of `grpo-suite run` carries it, and
 //! `--resume` refuses a records file written under a different identity (a resumed run
 //! would otherwise mix verdicts of two different experiments and report them as one).
 
@@ -19,6 +19,8 @@ pub struct RunIdentity {
     pub config_digest: String,
     /// `GRPO_TOL_SCALE` in force.
     pub tol_scale: f64,
+    /// XLA:CPU's compile settings ([`crate::env::xla_cpu_settings`]).
+    pub xla_cpu: String,
     /// The oracle's version.
     pub oracle_version: u32,
     /// The input generator's version.
@@ -43,6 +45,9 @@ pub struct RecordedIdentity {
     /// Tolerance scale.
     #[serde(default)]
     pub tol_scale: Option<f64>,
+    /// XLA:CPU's compile settings (absent in records of older suites).
+    #[serde(default)]
+    pub xla_cpu: Option<String>,
     /// Oracle version.
     #[serde(default)]
     pub oracle_version: Option<u32>,
@@ -142,6 +147,7 @@ impl RunIdentity {
             suite: suite.to_string(),
             config_digest: format!("xxh3:{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes)),
             tol_scale: crate::gates::tiers::scale(),
+            xla_cpu: crate::env::xla_cpu_settings()?,
             oracle_version: crate::oracle::ORACLE_VERSION,
             generator_version: crate::inputs::GENERATOR_VERSION,
             code,
@@ -157,7 +163,7 @@ impl RunIdentity {
         };
         let differs = |field: &str, was: String, now: String| -> Result<()> {
             if was != now {
-                bail!("cannot resume from {at}: {field} differs (records: {was}; this run: {now}); resume with the same suite, configuration, GRPO_TOL_SCALE and code, or start a new records file");
+                bail!("cannot resume from {at}: {field} differs (records: {was}; this run: {now}); resume with the same suite, configuration, GRPO_TOL_SCALE, XLA:CPU settings and code, or start a new records file");
             }
             Ok(())
         };
@@ -172,6 +178,11 @@ impl RunIdentity {
             "tolerance scale (GRPO_TOL_SCALE)",
             show(r.tol_scale.map(|x| x.to_string())),
             self.tol_scale.to_string(),
+        )?;
+        differs(
+            "XLA:CPU compile settings (GRPO_XLA_CPU_OPT_LEVEL, GRPO_XLA_CPU_FUSION_EMITTERS)",
+            show(r.xla_cpu.clone()),
+            self.xla_cpu.clone(),
         )?;
         differs(
             "oracle version",
@@ -227,6 +238,7 @@ mod tests {
             suite: "ci".into(),
             config_digest: "xxh3:1".into(),
             tol_scale: 1.0,
+            xla_cpu: "opt_level=0 fusion_emitters=0".into(),
             oracle_version: 2,
             generator_version: 3,
             code: [("jax_baseline".to_string(), "xxh3:a".to_string())].into(),
@@ -239,6 +251,7 @@ mod tests {
             suite: Some(id.suite.clone()),
             config_digest: Some(id.config_digest.clone()),
             tol_scale: Some(id.tol_scale),
+            xla_cpu: Some(id.xla_cpu.clone()),
             oracle_version: Some(id.oracle_version),
             generator_version: Some(id.generator_version),
             code_digest: id.code_of("jax_baseline").map(String::from),
@@ -263,6 +276,14 @@ mod tests {
             (
                 "tolerance scale (GRPO_TOL_SCALE) differs (records: 2;",
                 Box::new(|r| r.tol_scale = Some(2.0)),
+            ),
+            (
+                "XLA:CPU compile settings (GRPO_XLA_CPU_OPT_LEVEL, GRPO_XLA_CPU_FUSION_EMITTERS) differs (records: opt_level=default fusion_emitters=0;",
+                Box::new(|r| r.xla_cpu = Some("opt_level=default fusion_emitters=0".into())),
+            ),
+            (
+                "XLA:CPU compile settings (GRPO_XLA_CPU_OPT_LEVEL, GRPO_XLA_CPU_FUSION_EMITTERS) differs (records: none;",
+                Box::new(|r| r.xla_cpu = None),
             ),
             (
                 "oracle version differs",

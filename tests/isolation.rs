@@ -197,11 +197,24 @@ fn resume_skips_recorded_trials_and_tolerates_a_cut_last_line() {
     // the file is left as it was.
     let r = rec.to_str().unwrap();
     let args = ["--resume", r, "--backend", "reference"];
+    // Whichever fusion-emitter setting the records were not written with.
+    let other_emitters = if std::env::var("GRPO_XLA_CPU_FUSION_EMITTERS").as_deref() == Ok("1") {
+        "0"
+    } else {
+        "1"
+    };
+    let emitters_differ = format!("XLA:CPU compile settings (GRPO_XLA_CPU_OPT_LEVEL, GRPO_XLA_CPU_FUSION_EMITTERS) differs (records: opt_level=");
+    let emitters_now = format!(" fusion_emitters={other_emitters})");
     for (env, tail, want) in [
         (
             vec![("GRPO_TOL_SCALE", "2")],
             "",
             "tolerance scale (GRPO_TOL_SCALE) differs (records: 1; this run: 2)",
+        ),
+        (
+            vec![("GRPO_XLA_CPU_FUSION_EMITTERS", other_emitters)],
+            "",
+            emitters_differ.as_str(),
         ),
         (vec![], "# edited\n", "config digest differs"),
     ] {
@@ -217,6 +230,9 @@ fn resume_skips_recorded_trials_and_tolerates_a_cut_last_line() {
             err[0].contains(&format!("cannot resume from {r}:1 (")) && err[0].contains(want),
             "{err:?}"
         );
+        if want == emitters_differ {
+            assert!(err[0].contains(&emitters_now), "{err:?}");
+        }
     }
     let mut other = records(&rec);
     other[0]["suite"] = "ci".into();

@@ -156,7 +156,11 @@ fn xla_cpu_option_overrides_are_applied_by_name() {
         let a = upload_f32(&c, &[1.0, 2.0, 3.0], &[3]);
         let b = upload_f32(&c, &[10.0, 20.0, 30.0], &[3]);
         let out = exe.execute(&[vec![&a, &b]]).unwrap();
-        assert_eq!(out[0][0].to_host::<f32>().unwrap(), vec![11.0, 22.0, 33.0], "{name}");
+        assert_eq!(
+            out[0][0].to_host::<f32>().unwrap(),
+            vec![11.0, 22.0, 33.0],
+            "{name}"
+        );
     }
     let e = with("xla_cpu_use_fusion_emitterz", BoolField(false))
         .err()

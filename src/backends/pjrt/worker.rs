@@ -670,9 +670,12 @@ mod tests {
     fn the_cpu_compile_settings_reach_cpu_compiles_only() {
         use grpo_pjrt::proto::OptionOverrideValue::{BoolField, IntField};
         let set = |p, opt_level, fusion_emitters| {
-            CpuCompile { opt_level, fusion_emitters }
-                .apply(compile_options(1, &[0]).unwrap(), p)
-                .option_overrides
+            CpuCompile {
+                opt_level,
+                fusion_emitters,
+            }
+            .apply(compile_options(1, &[0]).unwrap(), p)
+            .option_overrides
         };
         assert_eq!(
             set(Profile::Cpu, Some(0), None),
@@ -693,8 +696,11 @@ mod tests {
         assert_eq!(set(Profile::Gpu, Some(0), Some(false)), vec![]);
         assert_eq!(set(Profile::Tpu, Some(0), Some(false)), vec![]);
         // A multi-device compile keeps its partitioning.
-        let o = CpuCompile { opt_level: Some(1), fusion_emitters: Some(false) }
-            .apply(compile_options(4, &[0, 1, 2, 3]).unwrap(), Profile::Cpu);
+        let o = CpuCompile {
+            opt_level: Some(1),
+            fusion_emitters: Some(false),
+        }
+        .apply(compile_options(4, &[0, 1, 2, 3]).unwrap(), Profile::Cpu);
         assert_eq!((o.num_partitions, o.option_overrides.len()), (4, 2));
     }
 
