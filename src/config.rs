@@ -23,6 +23,7 @@
 //! ```
 
 use crate::backends::BackendsConfig;
+use crate::cost::speed_budget::SpeedBudget;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -366,9 +367,11 @@ pub struct ImplConfig {
     pub peak_slack_bytes: u64,
     /// Speed budget: the implementation's roofline time may be at most this multiple of
     /// jax_baseline's on the same case and TPU generation (both from derived FLOPs and
-    /// bytes, docs/tpu.md). Judged by `tpu-aot`; absent means "recorded, not judged".
+    /// bytes, docs/tpu.md): one number, or one per generation (`{v5e: 1.05, v6e: 1.2,
+    /// tpu7x: 1.4}`, naming every generation the entry compiles for). Judged by
+    /// `tpu-aot`; absent means "recorded, not judged".
     #[serde(default)]
-    pub max_roofline_over_baseline: Option<f64>,
+    pub max_roofline_over_baseline: Option<SpeedBudget>,
     /// Only cases whose id matches this glob get the speed budget (default: every case the
     /// entry runs): real shapes, not the tiny ones where fixed overheads decide.
     #[serde(default)]
@@ -433,14 +436,24 @@ impl ImplConfig {
         })
     }
 
-    /// The speed budget on `case_id`: `max_roofline_over_baseline` where `speed_cases`
-    /// (default: every case) matches.
-    pub fn speed_budget_on(&self, case_id: &str) -> Option<f64> {
-        self.max_roofline_over_baseline.filter(|_| {
-            self.speed_cases
-                .as_deref()
-                .is_none_or(|g| glob_match(g, case_id))
-        })
+    /// The speed budget on `case_id` compiled for `topology`: `max_roofline_over_baseline`
+    /// (its bound for the topology's generation) where `speed_cases` (default: every case)
+    /// matches.
+    pub fn speed_budget_on(&self, case_id: &str, topology: &str) -> Option<f64> {
+        let b = self.max_roofline_over_baseline.as_ref()?;
+        if !self
+            .speed_cases
+            .as_deref()
+            .is_none_or(|g| glob_match(g, case_id))
+        {
+            return None;
+        }
+        match b {
+            SpeedBudget::All(x) => Some(*x),
+            SpeedBudget::PerGeneration(_) => {
+                b.on(crate::cost::roofline::generation_of_topology(topology)?.name)
+            }
+        }
     }
 
     /// The name trials and records use.
@@ -473,9 +486,15 @@ pub fn resolve_entry_paths(list: &mut [ImplEntry], base: &Path) {
     }
 }
 
-/// Checks a backend's implementation list: unique names, sane budgets. `origin` and
-/// `backend` name the place in errors.
-pub fn check_implementations(origin: &str, backend: &str, list: &[ImplEntry]) -> Result<()> {
+/// Checks a backend's implementation list: unique names, sane budgets (a per-generation
+/// speed budget names every generation of `backend_topologies`, or of the entry's own
+/// `topologies`). `origin` and `backend` name the place in errors.
+pub fn check_implementations(
+    origin: &str,
+    backend: &str,
+    backend_topologies: &[String],
+    list: &[ImplEntry],
+) -> Result<()> {
     let mut names: Vec<String> = Vec::new();
     for e in list {
         let c = e.resolved();
@@ -501,12 +520,18 @@ pub fn check_implementations(origin: &str, backend: &str, list: &[ImplEntry]) ->
         if c.speed_cases.is_some() && c.max_roofline_over_baseline.is_none() {
             bail!("{origin}: backend `{backend}`, implementation `{n}`: speed_cases without max_roofline_over_baseline");
         }
-        if let Some(b) = c.max_roofline_over_baseline {
+        if let Some(b) = &c.max_roofline_over_baseline {
             if backend != "tpu-aot" {
                 bail!("{origin}: backend `{backend}`, implementation `{n}`: max_roofline_over_baseline is judged by `tpu-aot` (deviceless roofline times); move it there");
             }
-            if !(b.is_finite() && b > 0.0) {
-                bail!("{origin}: backend `{backend}`, implementation `{n}`: max_roofline_over_baseline must be a positive number (got {b})");
+            let topologies = c.topologies.as_deref().unwrap_or(backend_topologies);
+            let generations: Vec<&str> = topologies
+                .iter()
+                .filter_map(|t| crate::cost::roofline::generation_of_topology(t))
+                .map(|g| g.name)
+                .collect();
+            if let Err(e) = b.check(&generations) {
+                bail!("{origin}: backend `{backend}`, implementation `{n}`: max_roofline_over_baseline {e}");
             }
         }
         names.push(n);
@@ -770,6 +795,30 @@ mod tests {
         assert!(speed("tpu-aot", ".nan")
             .unwrap_err()
             .contains("positive number"));
+        // A bound per generation names every generation the entry compiles for.
+        speed("tpu-aot", "{v6e: 1.2}").unwrap();
+        let two = |imp: &str| {
+            Config::parse(&format!("backends:\n  tpu-aot:\n    topologies: [v5e:2x2, v6e:2x2, tpu7x:2x2x1]\n    implementations: [{imp}]\n"), "c.yaml")
+        };
+        let e = two("{id: pallas_fused, max_roofline_over_baseline: {v5e: 1.05, v6e: 1.2}}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("implementation `pallas_fused`: max_roofline_over_baseline gives no bound for tpu7x"), "{e}");
+        let c = two("{id: pallas_fused, topologies: [v5e:2x2, v6e:2x2], max_roofline_over_baseline: {v5e: 1.05, v6e: 1.2}, speed_cases: \"*_t8*\"}").unwrap();
+        let imp = c.backends.tpu_aot.as_ref().unwrap().implementations[0].resolved();
+        assert_eq!(imp.speed_budget_on("fused/b1_t8_v2", "v5e:2x2"), Some(1.05));
+        assert_eq!(imp.speed_budget_on("fused/b1_t8_v2", "v6e:2x4"), Some(1.2));
+        assert_eq!(
+            imp.speed_budget_on("fused/b1_t4_v2", "v6e:2x4"),
+            None,
+            "speed_cases still select"
+        );
+        assert!(speed("tpu-aot", "{v4: 1.2}")
+            .unwrap_err()
+            .contains("names `v4`, which is not a TPU generation"));
+        assert!(speed("tpu-aot", "{v6e: 0}")
+            .unwrap_err()
+            .contains("v6e: must be a positive number"));
         let e = Config::parse("backends:\n  pjrt-cpu:\n    implementations: [{id: pallas_fused, max_roofline_over_baseline: 1.0}]\n", "c.yaml").unwrap_err().to_string();
         assert!(e.contains("judged by `tpu-aot`"), "{e}");
         let e = Config::parse(

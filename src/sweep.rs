@@ -4,6 +4,7 @@
 //! `src/cli/sweep_cmd.rs`; every row is a [`TrialOutcome`] of kind `sweep`, so records,
 //! `compare` and `report` read them like any trial.
 
+pub use crate::cost::speed_budget::SpeedBudget;
 use crate::runner::{TrialOutcome, Verdict};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -71,25 +72,31 @@ pub fn parse_assignment(arg: &str) -> Result<(String, Vec<Value>), String> {
 }
 
 /// The budgets a sweep judges option sets with.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Budgets {
     /// Peak ≤ this × floor + `peak_slack_bytes`.
     pub max_peak_over_floor: Option<f64>,
     /// Fixed allowance of the memory budget.
     pub peak_slack_bytes: u64,
-    /// Roofline ≤ this × jax_baseline's.
-    pub max_roofline_over_baseline: Option<f64>,
+    /// Roofline ≤ this × jax_baseline's (on every generation, or per generation).
+    pub max_roofline_over_baseline: Option<SpeedBudget>,
 }
 
 impl Budgets {
-    /// One line for people: `peak ≤ 1.1× floor, roofline ≤ 1× jax_baseline`.
+    /// One line for people: `peak ≤ 1.1× floor, roofline ≤ 1× jax_baseline` (per
+    /// generation: `roofline ≤ 1.4× (tpu7x), 1.05× (v5e) jax_baseline`).
     pub fn describe(&self) -> String {
         let mut p = Vec::new();
         if let Some(m) = self.max_peak_over_floor {
             p.push(format!("peak ≤ {m}× floor"));
         }
-        if let Some(s) = self.max_roofline_over_baseline {
-            p.push(format!("roofline ≤ {s}× jax_baseline"));
+        match &self.max_roofline_over_baseline {
+            Some(SpeedBudget::All(s)) => p.push(format!("roofline ≤ {s}× jax_baseline")),
+            Some(SpeedBudget::PerGeneration(m)) => {
+                let each: Vec<String> = m.iter().map(|(g, s)| format!("{s}× ({g})")).collect();
+                p.push(format!("roofline ≤ {} jax_baseline", each.join(", ")));
+            }
+            None => {}
         }
         if p.is_empty() {
             "no budgets".into()
@@ -189,7 +196,7 @@ pub fn config_entry(id: &str, name: &str, options: &Map<String, Value>, b: &Budg
             s.push_str(&format!(", peak_slack_bytes: {}", b.peak_slack_bytes));
         }
     }
-    if let Some(r) = b.max_roofline_over_baseline {
+    if let Some(r) = &b.max_roofline_over_baseline {
         s.push_str(&format!(", max_roofline_over_baseline: {r}"));
     }
     s.push('}');
@@ -279,7 +286,7 @@ mod tests {
         let b = Budgets {
             max_peak_over_floor: Some(1.1),
             peak_slack_bytes: 131072,
-            max_roofline_over_baseline: Some(1.0),
+            max_roofline_over_baseline: Some(SpeedBudget::All(1.0)),
         };
         let mut opts = Map::new();
         opts.insert("a".into(), 1.into());
@@ -292,5 +299,17 @@ mod tests {
             b.describe().contains("peak ≤ 1.1× floor")
                 && b.describe().contains("roofline ≤ 1× jax_baseline")
         );
+        let per = Budgets {
+            max_roofline_over_baseline: Some(SpeedBudget::PerGeneration(
+                [("v5e".to_string(), 1.05), ("tpu7x".to_string(), 1.4)].into(),
+            )),
+            ..b
+        };
+        assert_eq!(
+            per.describe(),
+            "peak ≤ 1.1× floor, roofline ≤ 1.4× (tpu7x), 1.05× (v5e) jax_baseline"
+        );
+        assert!(config_entry("k", "k@a=1", &opts, &per)
+            .ends_with(", max_roofline_over_baseline: {tpu7x: 1.4, v5e: 1.05}}"));
     }
 }

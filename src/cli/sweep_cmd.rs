@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use grpo_conformance::cases::{Case, Matrix};
 use grpo_conformance::config::Config;
-use grpo_conformance::sweep::{self, Budgets, Space};
+use grpo_conformance::sweep::{self, Budgets, Space, SpeedBudget};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 
@@ -94,7 +94,10 @@ pub fn budgets(config: &Config, args: &SweepArgs) -> Budgets {
         peak_slack_bytes: entry.as_ref().map_or(0, |e| e.peak_slack_bytes),
         max_roofline_over_baseline: args
             .max_roofline_over_baseline
-            .or(entry.as_ref().and_then(|e| e.max_roofline_over_baseline)),
+            .map(SpeedBudget::All)
+            .or(entry
+                .as_ref()
+                .and_then(|e| e.max_roofline_over_baseline.clone())),
     }
 }
 
@@ -171,7 +174,7 @@ mod imp {
         } else {
             0
         };
-        c.max_roofline_over_baseline = b.max_roofline_over_baseline;
+        c.max_roofline_over_baseline = b.max_roofline_over_baseline.clone();
         c.pythonpath = pythonpath.to_vec();
         c
     }
@@ -573,10 +576,22 @@ mod tests {
             Budgets {
                 max_peak_over_floor: Some(1.1),
                 peak_slack_bytes: 100,
-                max_roofline_over_baseline: Some(1.0)
+                max_roofline_over_baseline: Some(SpeedBudget::All(1.0))
             }
         );
         let b = budgets(&c, &args(&["--max-roofline-over-baseline", "0.5"]));
-        assert_eq!(b.max_roofline_over_baseline, Some(0.5));
+        assert_eq!(b.max_roofline_over_baseline, Some(SpeedBudget::All(0.5)));
+        // A per-generation budget comes through whole.
+        let c = Config::parse(
+            "backends:\n  tpu-aot:\n    topologies: [v6e:2x2]\n    implementations:\n      - {id: pallas_fused, max_roofline_over_baseline: {v6e: 1.2}}\n",
+            "c.yaml",
+        )
+        .unwrap();
+        assert_eq!(
+            budgets(&c, &args(&[])).max_roofline_over_baseline,
+            Some(SpeedBudget::PerGeneration(
+                [("v6e".to_string(), 1.2)].into()
+            ))
+        );
     }
 }

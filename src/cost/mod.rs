@@ -15,6 +15,7 @@
 pub mod hlo_walk;
 pub mod roofline;
 pub mod speed;
+pub mod speed_budget;
 
 use serde::{Deserialize, Serialize};
 

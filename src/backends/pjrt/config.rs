@@ -58,7 +58,7 @@ pub type PjrtGpuConfig = PjrtDeviceConfig;
 impl PjrtCpuConfig {
     /// Checks the settings.
     pub fn validate(&self, origin: &str) -> Result<()> {
-        check_implementations(origin, "pjrt-cpu", &self.implementations)?;
+        check_implementations(origin, "pjrt-cpu", &[], &self.implementations)?;
         if let Some(n) = self.cpu_device_count {
             if n < 1 {
                 bail!("{origin}: backend `pjrt-cpu`: cpu_device_count must be ≥ 1 (got {n})");
@@ -89,7 +89,7 @@ fn topology_ok(t: &str) -> bool {
 impl TpuAotConfig {
     /// Checks the settings.
     pub fn validate(&self, origin: &str) -> Result<()> {
-        check_implementations(origin, "tpu-aot", &self.implementations)?;
+        check_implementations(origin, "tpu-aot", &self.topologies, &self.implementations)?;
         if self.topologies.is_empty() {
             bail!("{origin}: backend `tpu-aot` needs at least one topology (e.g. `topologies: [v6e:2x2]`)");
         }
@@ -116,7 +116,7 @@ impl TpuAotConfig {
 impl PjrtDeviceConfig {
     /// Checks the settings of backend `name`.
     pub fn validate(&self, origin: &str, name: &str) -> Result<()> {
-        check_implementations(origin, name, &self.implementations)
+        check_implementations(origin, name, &[], &self.implementations)
     }
 }
 

@@ -476,7 +476,7 @@ impl Backend for TpuAot {
         for (n, c) in work {
             if let Some(o) = super::export::find(&self.impls, n) {
                 w.push((o, *c));
-                if o.speed_budget_on(&c.id).is_some() {
+                if o.speed_budget_on(&c.id, &self.topology).is_some() {
                     w.push((&base, *c));
                 }
             }
@@ -523,7 +523,7 @@ impl Backend for TpuAot {
                 cell.get_or_init(|| Ok(d.clone()));
             }
         }
-        if let Some(max) = imp.speed_budget_on(&case.id) {
+        if let Some(max) = imp.speed_budget_on(&case.id, &self.topology) {
             let g = generation.with_context(|| format!("a speed budget is configured but topology {} has no published peaks in the roofline table (v5e, v6e, tpu7x)", self.topology))?;
             let own = res.derived.as_ref().ok_or_else(|| {
                 anyhow!(
@@ -552,7 +552,7 @@ impl Backend for TpuAot {
 
     fn speed_budget(&self, implementation: &str, case: &Case) -> Option<f64> {
         self.options(implementation)
-            .and_then(|c| c.speed_budget_on(&case.id))
+            .and_then(|c| c.speed_budget_on(&case.id, &self.topology))
     }
 }
 

@@ -1,0 +1,153 @@
+//! A configured speed budget (`max_roofline_over_baseline`): one bound for every TPU
+//! generation, or one per generation, e.g. `{v5e: 1.05, v6e: 1.20, tpu7x: 1.40}` where a
+//! kernel's attainable ratio to jax_baseline differs by generation (jax_baseline is
+//! MXU-bound on one and HBM-bound on another).
+
+use super::roofline::GENERATIONS;
+use super::Accelerator;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// The bound on an implementation's roofline over jax_baseline's.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum SpeedBudget {
+    /// One bound on every generation.
+    All(f64),
+    /// A bound per TPU generation (roofline table names: v5e, v6e, tpu7x).
+    PerGeneration(BTreeMap<String, f64>),
+}
+
+impl SpeedBudget {
+    /// The bound on `generation` (a roofline table name); a per-generation budget that
+    /// does not name it has none ([`SpeedBudget::check`] refuses that for every topology
+    /// an entry compiles on).
+    pub fn on(&self, generation: &str) -> Option<f64> {
+        match self {
+            SpeedBudget::All(b) => Some(*b),
+            SpeedBudget::PerGeneration(m) => m.get(generation).copied(),
+        }
+    }
+
+    /// Why the budget is malformed, if it is: a bound that is not a positive number, an
+    /// empty map, a key that is not a TPU generation of the roofline table, or (given the
+    /// generations an entry compiles for) a generation the map leaves out.
+    pub fn check(&self, compiled_for: &[&str]) -> Result<(), String> {
+        let bad = |b: f64| !(b.is_finite() && b > 0.0);
+        match self {
+            SpeedBudget::All(b) if bad(*b) => Err(format!("must be a positive number (got {b})")),
+            SpeedBudget::All(_) => Ok(()),
+            SpeedBudget::PerGeneration(m) => {
+                let known: Vec<&str> = GENERATIONS
+                    .iter()
+                    .filter(|g| g.accelerator == Accelerator::Tpu)
+                    .map(|g| g.name)
+                    .collect();
+                if m.is_empty() {
+                    return Err(format!(
+                        "is an empty map: give a number, or a bound per generation ({})",
+                        known.join(", ")
+                    ));
+                }
+                for (g, b) in m {
+                    if !known.contains(&g.as_str()) {
+                        return Err(format!(
+                            "names `{g}`, which is not a TPU generation of the roofline table ({})",
+                            known.join(", ")
+                        ));
+                    }
+                    if bad(*b) {
+                        return Err(format!("{g}: must be a positive number (got {b})"));
+                    }
+                }
+                match compiled_for.iter().find(|g| !m.contains_key(**g)) {
+                    Some(g) => Err(format!(
+                        "gives no bound for {g}, which the entry compiles for (name it, or restrict the entry's `topologies`)"
+                    )),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// `1.05`, or `{v5e: 1.05, v6e: 1.2, tpu7x: 1.4}` (YAML flow style).
+impl fmt::Display for SpeedBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpeedBudget::All(b) => write!(f, "{b}"),
+            SpeedBudget::PerGeneration(m) => {
+                let parts: Vec<String> = m.iter().map(|(g, b)| format!("{g}: {b}")).collect();
+                write!(f, "{{{}}}", parts.join(", "))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn per(pairs: &[(&str, f64)]) -> SpeedBudget {
+        SpeedBudget::PerGeneration(pairs.iter().map(|(g, b)| (g.to_string(), *b)).collect())
+    }
+
+    #[test]
+    fn a_bound_per_generation_is_read_from_yaml_and_looked_up_by_name() {
+        let b: SpeedBudget = serde_yaml_ng::from_str("{v5e: 1.05, v6e: 1.2, tpu7x: 1.4}").unwrap();
+        assert_eq!(b, per(&[("v5e", 1.05), ("v6e", 1.2), ("tpu7x", 1.4)]));
+        assert_eq!(
+            (b.on("v5e"), b.on("v6e"), b.on("tpu7x")),
+            (Some(1.05), Some(1.2), Some(1.4))
+        );
+        assert_eq!(b.to_string(), "{tpu7x: 1.4, v5e: 1.05, v6e: 1.2}");
+        let one: SpeedBudget = serde_yaml_ng::from_str("1.05").unwrap();
+        assert_eq!(
+            (one.on("v6e"), one.to_string()),
+            (Some(1.05), "1.05".to_string())
+        );
+    }
+
+    #[test]
+    fn malformed_budgets_are_named() {
+        let full = per(&[("v5e", 1.05), ("v6e", 1.2), ("tpu7x", 1.4)]);
+        assert_eq!(full.check(&["v5e", "v6e", "tpu7x"]), Ok(()));
+        for (b, gens, want) in [
+            (
+                SpeedBudget::All(0.0),
+                vec![],
+                "must be a positive number (got 0)",
+            ),
+            (
+                SpeedBudget::All(f64::NAN),
+                vec![],
+                "must be a positive number (got NaN)",
+            ),
+            (per(&[]), vec![], "is an empty map"),
+            (
+                per(&[("v4", 1.0)]),
+                vec![],
+                "names `v4`, which is not a TPU generation",
+            ),
+            (
+                per(&[("h100", 1.0)]),
+                vec![],
+                "names `h100`, which is not a TPU generation",
+            ),
+            (
+                per(&[("v6e", -1.0)]),
+                vec![],
+                "v6e: must be a positive number (got -1)",
+            ),
+            (
+                per(&[("v5e", 1.05), ("v6e", 1.2)]),
+                vec!["v5e", "tpu7x"],
+                "gives no bound for tpu7x",
+            ),
+        ] {
+            let e = b.check(&gens).unwrap_err();
+            assert!(e.contains(want), "{want}: {e}");
+        }
+    }
+}
