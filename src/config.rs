@@ -525,6 +525,14 @@ pub fn check_implementations(
                 bail!("{origin}: backend `{backend}`, implementation `{n}`: max_roofline_over_baseline is judged by `tpu-aot` (deviceless roofline times); move it there");
             }
             let topologies = c.topologies.as_deref().unwrap_or(backend_topologies);
+            if let SpeedBudget::PerGeneration(_) = b {
+                if let Some(t) = topologies
+                    .iter()
+                    .find(|t| crate::cost::roofline::generation_of_topology(t).is_none())
+                {
+                    bail!("{origin}: backend `{backend}`, implementation `{n}`: max_roofline_over_baseline gives a bound per generation, but topology `{t}` is of no generation in the roofline table (v5e, v6e, tpu7x)");
+                }
+            }
             let generations: Vec<&str> = topologies
                 .iter()
                 .filter_map(|t| crate::cost::roofline::generation_of_topology(t))
@@ -816,6 +824,11 @@ mod tests {
         assert!(speed("tpu-aot", "{v4: 1.2}")
             .unwrap_err()
             .contains("names `v4`, which is not a TPU generation"));
+        let e = Config::parse("backends:\n  tpu-aot:\n    topologies: [v4:2x2]\n    implementations: [{id: pallas_fused, max_roofline_over_baseline: {v6e: 1.2}}]\n", "c.yaml").unwrap_err().to_string();
+        assert!(
+            e.contains("topology `v4:2x2` is of no generation in the roofline table"),
+            "{e}"
+        );
         assert!(speed("tpu-aot", "{v6e: 0}")
             .unwrap_err()
             .contains("v6e: must be a positive number"));
