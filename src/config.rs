@@ -448,12 +448,7 @@ impl ImplConfig {
         {
             return None;
         }
-        match b {
-            SpeedBudget::All(x) => Some(*x),
-            SpeedBudget::PerGeneration(_) => {
-                b.on(crate::cost::roofline::generation_of_topology(topology)?.name)
-            }
-        }
+        b.on(topology)
     }
 
     /// The name trials and records use.
@@ -525,20 +520,7 @@ pub fn check_implementations(
                 bail!("{origin}: backend `{backend}`, implementation `{n}`: max_roofline_over_baseline is judged by `tpu-aot` (deviceless roofline times); move it there");
             }
             let topologies = c.topologies.as_deref().unwrap_or(backend_topologies);
-            if let SpeedBudget::PerGeneration(_) = b {
-                if let Some(t) = topologies
-                    .iter()
-                    .find(|t| crate::cost::roofline::generation_of_topology(t).is_none())
-                {
-                    bail!("{origin}: backend `{backend}`, implementation `{n}`: max_roofline_over_baseline gives a bound per generation, but topology `{t}` is of no generation in the roofline table (v5e, v6e, tpu7x)");
-                }
-            }
-            let generations: Vec<&str> = topologies
-                .iter()
-                .filter_map(|t| crate::cost::roofline::generation_of_topology(t))
-                .map(|g| g.name)
-                .collect();
-            if let Err(e) = b.check(&generations) {
+            if let Err(e) = b.check(topologies) {
                 bail!("{origin}: backend `{backend}`, implementation `{n}`: max_roofline_over_baseline {e}");
             }
         }

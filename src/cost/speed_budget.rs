@@ -3,7 +3,7 @@
 //! kernel's attainable ratio to jax_baseline differs by generation (jax_baseline is
 //! MXU-bound on one and HBM-bound on another).
 
-use super::roofline::GENERATIONS;
+use super::roofline::{generation_of_topology, GENERATIONS};
 use super::Accelerator;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -20,20 +20,21 @@ pub enum SpeedBudget {
 }
 
 impl SpeedBudget {
-    /// The bound on `generation` (a roofline table name); a per-generation budget that
-    /// does not name it has none ([`SpeedBudget::check`] refuses that for every topology
-    /// an entry compiles on).
-    pub fn on(&self, generation: &str) -> Option<f64> {
+    /// The bound on `topology` (`v6e:2x2`, or a bare generation `v6e`); a per-generation
+    /// budget that does not name its generation has none ([`SpeedBudget::check`] refuses
+    /// that for every topology an entry compiles on).
+    pub fn on(&self, topology: &str) -> Option<f64> {
         match self {
             SpeedBudget::All(b) => Some(*b),
-            SpeedBudget::PerGeneration(m) => m.get(generation).copied(),
+            SpeedBudget::PerGeneration(m) => m.get(generation_of_topology(topology)?.name).copied(),
         }
     }
 
     /// Why the budget is malformed, if it is: a bound that is not a positive number, an
     /// empty map, a key that is not a TPU generation of the roofline table, or (given the
-    /// generations an entry compiles for) a generation the map leaves out.
-    pub fn check(&self, compiled_for: &[&str]) -> Result<(), String> {
+    /// topologies an entry compiles for) a topology of no known generation or a
+    /// generation the map leaves out.
+    pub fn check(&self, topologies: &[String]) -> Result<(), String> {
         let bad = |b: f64| !(b.is_finite() && b > 0.0);
         match self {
             SpeedBudget::All(b) if bad(*b) => Err(format!("must be a positive number (got {b})")),
@@ -61,12 +62,21 @@ impl SpeedBudget {
                         return Err(format!("{g}: must be a positive number (got {b})"));
                     }
                 }
-                match compiled_for.iter().find(|g| !m.contains_key(**g)) {
-                    Some(g) => Err(format!(
-                        "gives no bound for {g}, which the entry compiles for (name it, or restrict the entry's `topologies`)"
-                    )),
-                    None => Ok(()),
+                for t in topologies {
+                    let Some(g) = generation_of_topology(t) else {
+                        return Err(format!(
+                            "gives a bound per generation, but topology `{t}` is of no generation in the roofline table ({})",
+                            known.join(", ")
+                        ));
+                    };
+                    if !m.contains_key(g.name) {
+                        return Err(format!(
+                            "gives no bound for {}, which the entry compiles for (name it, or restrict the entry's `topologies`)",
+                            g.name
+                        ));
+                    }
                 }
+                Ok(())
             }
         }
     }
@@ -112,7 +122,11 @@ mod tests {
     #[test]
     fn malformed_budgets_are_named() {
         let full = per(&[("v5e", 1.05), ("v6e", 1.2), ("tpu7x", 1.4)]);
-        assert_eq!(full.check(&["v5e", "v6e", "tpu7x"]), Ok(()));
+        let tops = |ts: &[&str]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            full.check(&tops(&["v5e:2x2", "v6e:2x4", "tpu7x:2x2x1"])),
+            Ok(())
+        );
         for (b, gens, want) in [
             (
                 SpeedBudget::All(0.0),
@@ -142,11 +156,16 @@ mod tests {
             ),
             (
                 per(&[("v5e", 1.05), ("v6e", 1.2)]),
-                vec!["v5e", "tpu7x"],
+                vec!["v5e:2x2", "tpu7x:2x2x1"],
                 "gives no bound for tpu7x",
             ),
+            (
+                per(&[("v6e", 1.2)]),
+                vec!["v4:2x2"],
+                "topology `v4:2x2` is of no generation in the roofline table",
+            ),
         ] {
-            let e = b.check(&gens).unwrap_err();
+            let e = b.check(&tops(&gens)).unwrap_err();
             assert!(e.contains(want), "{want}: {e}");
         }
     }
