@@ -216,7 +216,7 @@ pub fn compare(base: &Run, new: &Run) -> Comparison {
         c.matched += 1;
         let was_pass = b.verdict == Verdict::Pass;
         let regressed = (b.verdict.is_ok() && !n.verdict.is_ok())
-            || (was_pass && matches!(n.verdict, Verdict::Ignored(_)));
+            || (was_pass && matches!(n.verdict, Verdict::Ignored(_) | Verdict::NotApplicable(_)));
         let improved = !b.verdict.is_ok() && n.verdict.is_ok();
         if regressed {
             c.regressions.push(f(

@@ -122,6 +122,33 @@ fn check_expected(origin: &str, backends: &BackendsConfig, list: &[ExpectedFailu
             }
         }
     }
+    for (k, e) in list.iter().enumerate() {
+        let at = || format!("{origin}: expected_failures[{k}] ({})", e.describe());
+        if e.expect.is_empty() && !e.errors {
+            bail!(
+                "{}: states no figure: add `expect: {{FIGURE: VALUE}}` with the measured figure ({})",
+                at(),
+                crate::judge::figure::Figure::NAMES
+            );
+        }
+        for (name, v) in &e.expect {
+            if crate::judge::figure::Figure::parse(name).is_none() {
+                bail!(
+                    "{}: unknown figure `{name}` in `expect` (one of {})",
+                    at(),
+                    crate::judge::figure::Figure::NAMES
+                );
+            }
+            if let Err(why) = v.check() {
+                bail!("{}: figure `{name}` {why}", at());
+            }
+        }
+        if let Some(m) = e.margin {
+            if !(m.is_finite() && m > 0.0 && m < 1.0) {
+                bail!("{}: `margin` must be a fraction in (0, 1), not {m}", at());
+            }
+        }
+    }
     Ok(())
 }
 
@@ -167,6 +194,17 @@ pub struct ExpectedFailure {
     /// (gates or budgets judged and missed), and an error under it stays an error.
     #[serde(default)]
     pub errors: bool,
+    /// The failure as measured, by figure ([`crate::judge::figure::Figure`]):
+    /// `roofline_over_baseline`, `peak_over_floor`, `drift_over_bound`,
+    /// `undeclared_matmuls`, or an output's norm-wise relative error by its name; a value
+    /// or `[least, most]` over the trials the entry covers. Each
+    /// names the kind of failure it stands for; a trial that fails otherwise, or whose
+    /// figure moved past `margin`, reports the entry stale. Required unless `errors`.
+    #[serde(default)]
+    pub expect: std::collections::BTreeMap<String, crate::judge::figure::Expect>,
+    /// How far a figure may move, as a fraction of it (default 0.10: ±10 %).
+    #[serde(default)]
+    pub margin: Option<f64>,
 }
 
 /// The kind of trial an expected failure covers.
@@ -825,7 +863,7 @@ mod tests {
         assert!(e.contains("needs a `reason`"), "{e}");
         // A backend glob names the backends it matches.
         let c = Config::parse(
-            "backends:\n  reference: {implementations: [oracle]}\n  tpu-aot: {topologies: [v6e:2x2, tpu7x:2x2x1], implementations: [jax_baseline]}\nexpected_failures:\n  - {implementation: jax_baseline, backend: \"tpu-aot-*\", reason: r}\n",
+            "backends:\n  reference: {implementations: [oracle]}\n  tpu-aot: {topologies: [v6e:2x2, tpu7x:2x2x1], implementations: [jax_baseline]}\nexpected_failures:\n  - {implementation: jax_baseline, backend: \"tpu-aot-*\", reason: r, expect: {roofline_over_baseline: 1.5}}\n",
             "c.yaml",
         )
         .unwrap();
@@ -858,6 +896,35 @@ mod tests {
         assert!(cases_glob_covers("*/f32/*", "logits/f32/x"));
         assert!(!cases_glob_covers("!*/f32/*", "logits/f32/x"));
         assert!(cases_glob_covers("!*/bf16/*", "logits/f32/x"));
+    }
+
+    /// An expected failure states its figure as data: none, an unknown one, a bad value
+    /// or range, or a bad margin is a one-line configuration error naming the entry.
+    #[test]
+    fn an_expected_failure_states_a_known_figure() {
+        let parse = |entry: &str| {
+            Config::parse(
+                &format!("backends:\n  reference: {{implementations: [oracle]}}\nexpected_failures:\n  - {{implementation: oracle, reason: r{entry}}}\n"),
+                "c.yaml",
+            )
+        };
+        let err = |entry: &str| parse(entry).unwrap_err().to_string();
+        assert!(err("").contains("expected_failures[0] (oracle on *): states no figure"));
+        assert!(err(", expect: {speed: 1.3}").contains("unknown figure `speed`"));
+        assert!(err(", expect: {dlm_head: 0}")
+            .contains("figure `dlm_head` must be a finite number > 0"));
+        assert!(err(", expect: {dlm_head: [3e-1, 2e-3]}").contains("out of order"));
+        assert!(
+            err(", expect: {dlm_head: 1e-3}, margin: 1.5").contains("`margin` must be a fraction")
+        );
+        for ok in [
+            ", expect: {dlm_head: 1e-3}",
+            ", expect: {drift_over_bound: [174, 929]}, margin: 0.2",
+            ", errors: true",
+        ] {
+            let c = parse(ok).unwrap();
+            assert_eq!(c.expected_failures.len(), 1, "{ok}");
+        }
     }
 }
 
@@ -895,7 +962,7 @@ mod extends_tests {
             .unwrap_or_default()
     }
 
-    const BASE: &str = "repeats: 3\nbackends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu:\n    implementations:\n      - {id: 'k:IMPL', name: k, pythonpath: [kernels]}\nexpected_failures:\n  - {implementation: k, backend: pjrt-cpu, reason: base}\n";
+    const BASE: &str = "repeats: 3\nbackends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu:\n    implementations:\n      - {id: 'k:IMPL', name: k, pythonpath: [kernels]}\nexpected_failures:\n  - {implementation: k, backend: pjrt-cpu, expect: {dlm_head: 1e-3}, reason: base}\n";
 
     #[test]
     fn a_file_that_extends_another_is_the_base_with_its_own_keys_over_it() {
@@ -904,7 +971,7 @@ mod extends_tests {
         std::fs::write(d.path().join("base.yaml"), BASE).unwrap();
         std::fs::write(
             d.path().join("sub/top.yaml"),
-            "extends: ../base.yaml\nrepeats: 5\nbackends:\n  pjrt-tpu:\n    implementations:\n      - {id: 'j:IMPL', name: j, pythonpath: [mine]}\n  reference: {implementations: [oracle, naive_f32]}\nexpected_failures:\n  - {implementation: j, backend: pjrt-tpu, reason: top}\n",
+            "extends: ../base.yaml\nrepeats: 5\nbackends:\n  pjrt-tpu:\n    implementations:\n      - {id: 'j:IMPL', name: j, pythonpath: [mine]}\n  reference: {implementations: [oracle, naive_f32]}\nexpected_failures:\n  - {implementation: j, expect: {dlm_head: 1e-3}, backend: pjrt-tpu, reason: top}\n",
         )
         .unwrap();
         let c = Config::load_unchecked(&d.path().join("sub/top.yaml")).unwrap();

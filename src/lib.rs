@@ -5,7 +5,8 @@
 //! [`golden`] (stored oracle digests), [`backends`] (where implementations run),
 //! [`cost`] (derived FLOPs, bytes and roofline time), [`trials`] (the one trial list
 //! both front ends run), [`runner`] (one trial's
-//! execution and verdict), [`records`] (JSONL results), [`env`] (every `GRPO_*`
+//! execution), [`judge`] (every verdict, from typed evidence), [`outcome`] (a trial's
+//! result), [`records`] (JSONL results), [`env`] (every `GRPO_*`
 //! variable), [`npy`] (files for Python), [`atomic_file`] (every file the suite replaces).
 #![warn(missing_docs)]
 
@@ -21,8 +22,10 @@ pub mod gates;
 pub mod golden;
 pub mod host_memory;
 pub mod inputs;
+pub mod judge;
 pub mod npy;
 pub mod oracle;
+pub mod outcome;
 pub mod outputs;
 pub mod precision;
 pub mod records;

@@ -73,7 +73,7 @@ impl Dot {
     }
 
     /// Whether the accelerator of `platform` computes this dot below f32.
-    fn reduced_on(&self, platform: &str) -> bool {
+    pub fn reduced_on(&self, platform: &str) -> bool {
         if self.mixed || self.reduced().is_none() {
             return false;
         }

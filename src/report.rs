@@ -237,10 +237,11 @@ fn cell(v: &Verdict) -> (&'static str, &'static str) {
         Verdict::Pass => ("pass", "#c8e6c9"),
         Verdict::Fail => ("FAIL", "#ef9a9a"),
         Verdict::Error(_) => ("ERROR", "#ef9a9a"),
-        v if v.is_not_applicable() => ("n/a", "#fafafa"),
+        Verdict::NotApplicable(_) => ("n/a", "#fafafa"),
         Verdict::Ignored(_) => ("–", "#eeeeee"),
         Verdict::ExpectedFail(_) => ("xfail", "#ffe0b2"),
         Verdict::UnexpectedPass(_) => ("XPASS", "#ef9a9a"),
+        Verdict::Stale(_) => ("STALE", "#ef9a9a"),
     }
 }
 
@@ -257,7 +258,7 @@ fn multi_device_rows(runs: &[&TrialOutcome]) -> Vec<[String; 6]> {
         .filter(|o| {
             o.backend != "reference"
                 && sharded(&o.case)
-                && !matches!(o.verdict, Verdict::Ignored(_))
+                && !matches!(o.verdict, Verdict::Ignored(_) | Verdict::NotApplicable(_))
         })
         .map(|o| {
             // XLA:CPU's peak is always arguments + outputs: no per-chip figure to show.
@@ -435,7 +436,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
 
     // Markdown.
     let mut md = format!(
-        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}{}.\n\n**{} passed, {} failed, {} errors, {} ignored, {} expected failures, {} unexpected passes** ({} trials; {} not applicable).\n\n",
+        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}{}.\n\n**{} passed, {} failed, {} errors, {} ignored, {} expected failures, {} unexpected passes, {} stale** ({} trials; {} not applicable).\n\n",
         run_path.display(),
         run.suite,
         run.oracle_version,
@@ -448,6 +449,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         tally.ignored,
         tally.expected_fail,
         tally.unexpected_pass,
+        tally.stale,
         trials.len(),
         tally.not_applicable
     );
@@ -464,9 +466,12 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
             md,
             "| {col} | {} | {} | {} | {} |",
             of(&|v| *v == Verdict::Pass),
-            of(&|v| matches!(v, Verdict::Fail | Verdict::UnexpectedPass(_))),
+            of(&|v| matches!(
+                v,
+                Verdict::Fail | Verdict::UnexpectedPass(_) | Verdict::Stale(_)
+            )),
             of(&|v| matches!(v, Verdict::Error(_))),
-            of(&|v| matches!(v, Verdict::Ignored(_)) && !v.is_not_applicable())
+            of(&|v| matches!(v, Verdict::Ignored(_)))
         );
     }
     let speed = crate::report_speed::rows(&trials);

@@ -161,7 +161,12 @@ pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
     }
     let failed = sweep
         .iter()
-        .filter(|o| matches!(o.verdict, Verdict::Error(_) | Verdict::Ignored(_)))
+        .filter(|o| {
+            matches!(
+                o.verdict,
+                Verdict::Error(_) | Verdict::Ignored(_) | Verdict::NotApplicable(_)
+            )
+        })
         .count();
     // The numbered option sets with each topology's roofline (or why there is none).
     let mut table = String::from("<table><tr><th>#</th><th>option set</th>");

@@ -14,7 +14,7 @@
 //! Building the list is cheap (no export, no inputs): filters ([`Selection`]) apply
 //! before anything is prepared, so a filtered run exports only what it runs.
 
-use crate::backends::{self, Backend, Mutation, RunOptions};
+use crate::backends::{self, Backend, Mutation, Refusal, RunOptions};
 use crate::cases::{Case, Matrix, Suite};
 use crate::config::{Config, ExpectedFailure};
 use crate::golden::{self, Check};
@@ -582,8 +582,11 @@ impl Plan {
         }
     }
 
-    /// The reason a run trial is ignored, if it is (asks the backend, so after [`Plan::prepare`]).
-    pub fn ignored(&self, t: &Trial) -> Option<String> {
+    /// The verdict of a trial that will not run, if it will not: [`Verdict::Ignored`] with
+    /// its reason or [`Verdict::NotApplicable`] (asks the backend, so after
+    /// [`Plan::prepare`]).
+    pub fn ignored(&self, t: &Trial) -> Option<Verdict> {
+        let unavailable = |reason: &str| Verdict::Ignored(format!("backend unavailable: {reason}"));
         match &t.work {
             Work::Run {
                 target:
@@ -592,19 +595,22 @@ impl Plan {
                         required: false,
                     },
                 ..
-            } => Some(format!("backend unavailable: {reason}")),
+            } => Some(unavailable(reason)),
             Work::Run {
                 target: Target::Ready(b),
                 case,
                 ..
-            } if b.executes() && case.compile_only => Some(COMPILE_ONLY.into()),
+            } if b.executes() && case.compile_only => Some(Verdict::Ignored(COMPILE_ONLY.into())),
             Work::Run {
                 target: Target::Ready(b),
                 implementation,
                 case,
                 ..
-            } => b.supports(implementation, case).err(),
-            Work::Golden(c) if c.compile_only => Some(COMPILE_ONLY_GOLDEN.into()),
+            } => b
+                .supports(implementation, case)
+                .err()
+                .map(crate::judge::skipped),
+            Work::Golden(c) if c.compile_only => Some(Verdict::Ignored(COMPILE_ONLY_GOLDEN.into())),
             Work::Trajectory {
                 target:
                     Target::Unavailable {
@@ -612,13 +618,15 @@ impl Plan {
                         required: false,
                     },
                 ..
-            } => Some(format!("backend unavailable: {reason}")),
+            } => Some(unavailable(reason)),
             Work::Trajectory {
                 target: Target::Ready(b),
                 implementation,
                 case,
                 ..
-            } => trajectory_loss(b, implementation, case).err(),
+            } => trajectory_loss(b, implementation, case)
+                .err()
+                .map(crate::judge::skipped),
             _ => None,
         }
     }
@@ -653,10 +661,10 @@ impl Plan {
                     Target::Ready(backend) => {
                         let needs = backend.executes();
                         let o = match backend.supports(implementation, case) {
-                            Err(reason) => {
+                            Err(refusal) => {
                                 let mut o =
                                     TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
-                                o.verdict = Verdict::Ignored(reason);
+                                o.verdict = crate::judge::skipped(refusal);
                                 o
                             }
                             Ok(()) => match (needs && !cache.is_ready(case))
@@ -687,7 +695,7 @@ impl Plan {
                         o
                     }
                 };
-                apply_expected(&mut o, expected.as_ref());
+                crate::judge::expected::apply(&mut o, expected.as_ref());
                 o
             }
             Work::Golden(case) if case.compile_only => {
@@ -721,10 +729,10 @@ impl Plan {
                 cache.done(case);
                 match res {
                     Ok(Check::Match) => {}
-                    Ok(Check::Mismatch(d)) => {
-                        o.verdict = Verdict::Fail;
-                        o.detail = Some(format!("{}\n{}", d.join("\n"), golden::BLESS_HINT));
-                    }
+                    Ok(Check::Mismatch(d)) => crate::judge::check_failed(
+                        &mut o,
+                        format!("{}\n{}", d.join("\n"), golden::BLESS_HINT),
+                    ),
                     Err(e) => o.verdict = Verdict::Error(format!("{e:#}")),
                 }
                 o
@@ -748,7 +756,7 @@ impl Plan {
                     }
                     Target::Ready(backend) => {
                         match trajectory_loss(backend, implementation, case) {
-                            Err(reason) => o.verdict = Verdict::Ignored(reason),
+                            Err(refusal) => o.verdict = crate::judge::skipped(refusal),
                             Ok((mut f, via)) => {
                                 match crate::trajectory::execute(
                                     case,
@@ -758,11 +766,9 @@ impl Plan {
                                     |_| {},
                                 ) {
                                     Ok(rec) => {
-                                        if !rec.judgement.passed {
-                                            o.verdict = Verdict::Fail;
-                                        }
                                         o.detail = Some(rec.judgement.message.clone());
                                         o.trajectory = Some(rec);
+                                        crate::judge::judge_trajectory(&mut o);
                                     }
                                     Err(e) => o.verdict = Verdict::Error(format!("{e:#}")),
                                 }
@@ -770,7 +776,7 @@ impl Plan {
                         }
                     }
                 }
-                apply_expected(&mut o, expected.as_ref());
+                crate::judge::expected::apply(&mut o, expected.as_ref());
                 o
             }
             Work::TrajectoryShouldFail => self.trajectory_should_fail(t),
@@ -937,33 +943,6 @@ impl Plan {
     }
 }
 
-/// An expected-failure entry turns a failure into an expected one and a pass into an
-/// unexpected pass (a failure of the run). An error (the trial was not judged) is
-/// expected only under an entry with `errors: true`, its message kept; under any other
-/// entry it stays an error, which names the entry: a budget's entry must not hide an
-/// export that no longer builds.
-fn apply_expected(o: &mut TrialOutcome, expected: Option<&ExpectedFailure>) {
-    if let Some(e) = expected {
-        o.verdict = match std::mem::replace(&mut o.verdict, Verdict::Pass) {
-            Verdict::Fail => Verdict::ExpectedFail(format!("{} ({})", e.reason, e.describe())),
-            Verdict::Error(msg) if e.errors => {
-                Verdict::ExpectedFail(format!("{} ({}): {msg}", e.reason, e.describe()))
-            }
-            Verdict::Error(msg) => Verdict::Error(format!(
-                "{msg} [not judged, so not covered by the expected failure {} (it covers \
-                 failures; `errors: true` makes it cover errors)]",
-                e.describe()
-            )),
-            Verdict::Pass => Verdict::UnexpectedPass(format!(
-                "passed, but the configuration lists it as an expected failure ({}: {}); remove the entry",
-                e.describe(),
-                e.reason
-            )),
-            other => other,
-        };
-    }
-}
-
 /// Backends that run trajectory trials: the executing PJRT backends (the reference
 /// backend's oracle and naive_f32 are the trajectory's own exact and plain-f32 loops).
 fn runs_trajectories(backend: &str) -> bool {
@@ -980,7 +959,7 @@ fn trajectory_loss(
     backend: &Arc<dyn Backend>,
     implementation: &str,
     case: &Case,
-) -> Result<(Box<dyn crate::trajectory::LossFn>, &'static str), String> {
+) -> Result<(Box<dyn crate::trajectory::LossFn>, &'static str), Refusal> {
     use crate::trajectory::{loss_fns::logits_twin, BackendFused, HostLogits, LogitsFn};
     match backend.supports(implementation, case) {
         Ok(()) => Ok((
@@ -990,16 +969,15 @@ fn trajectory_loss(
             }),
             "fused",
         )),
-        Err(fused) if fused.contains(crate::runner::NOT_APPLICABLE) => {
+        Err(fused @ Refusal::NotApplicable(_)) => {
             backend
                 .supports(implementation, &logits_twin(case))
                 .map_err(|_| fused.clone())?;
             if case.dtype != crate::spec::DType::F32 {
-                return Err(format!(
-                    "{}a logits-level kernel takes logits in the case dtype, and this {} problem keeps f32 logits (logits_dtype f32); its f32 twin runs the kernel",
-                    crate::runner::NOT_APPLICABLE,
+                return Err(Refusal::NotApplicable(format!(
+                    "not applicable: a logits-level kernel takes logits in the case dtype, and this {} problem keeps f32 logits (logits_dtype f32); its f32 twin runs the kernel",
                     case.dtype.name()
-                ));
+                )));
             }
             Ok((
                 Box::new(HostLogits {
@@ -1040,6 +1018,9 @@ pub struct Tally {
     pub expected_fail: usize,
     /// Expected failures that passed (a failure of the run).
     pub unexpected_pass: usize,
+    /// Expected failures that failed otherwise than their entry states (a failure of the
+    /// run).
+    pub stale: usize,
 }
 
 impl Tally {
@@ -1051,10 +1032,11 @@ impl Tally {
                 Verdict::Pass => t.passed += 1,
                 Verdict::Fail => t.failed += 1,
                 Verdict::Error(_) => t.errors += 1,
-                Verdict::Ignored(_) if o.verdict.is_not_applicable() => t.not_applicable += 1,
+                Verdict::NotApplicable(_) => t.not_applicable += 1,
                 Verdict::Ignored(_) => t.ignored += 1,
                 Verdict::ExpectedFail(_) => t.expected_fail += 1,
                 Verdict::UnexpectedPass(_) => t.unexpected_pass += 1,
+                Verdict::Stale(_) => t.stale += 1,
             }
         }
         t
@@ -1064,7 +1046,7 @@ impl Tally {
     /// failure) and nothing failed.
     pub fn green(&self) -> bool {
         self.passed + self.expected_fail > 0
-            && self.failed + self.errors + self.unexpected_pass == 0
+            && self.failed + self.errors + self.unexpected_pass + self.stale == 0
     }
 }
 
@@ -1100,66 +1082,6 @@ mod filter_tests {
         assert!(filter_matches("~inputlogits", NAME));
         assert!(filter_matches("~_t8_v20", NAME));
         assert!(!filter_matches("~_t9", NAME));
-    }
-}
-
-#[cfg(test)]
-mod expected_tests {
-    use super::apply_expected;
-    use crate::config::ExpectedFailure;
-    use crate::runner::{TrialKind, TrialOutcome, Verdict};
-
-    fn entry(errors: bool) -> ExpectedFailure {
-        let yaml = format!(
-            "{{implementation: k, backend: tpu-aot-v6e-2x2, reason: 'over its speed budget', errors: {errors}}}"
-        );
-        serde_yaml_ng::from_str(&yaml).unwrap()
-    }
-
-    fn judged(verdict: Verdict, e: &ExpectedFailure) -> Verdict {
-        let mut o = TrialOutcome::new("t".into(), TrialKind::Run, "tpu-aot-v6e-2x2", "k", "c");
-        o.verdict = verdict;
-        apply_expected(&mut o, Some(e));
-        o.verdict
-    }
-
-    #[test]
-    fn an_entry_covers_a_failure_and_turns_a_pass_into_an_unexpected_pass() {
-        for errors in [false, true] {
-            let e = entry(errors);
-            assert!(
-                matches!(judged(Verdict::Fail, &e), Verdict::ExpectedFail(r) if r.starts_with("over its speed budget"))
-            );
-            assert!(matches!(
-                judged(Verdict::Pass, &e),
-                Verdict::UnexpectedPass(_)
-            ));
-        }
-    }
-
-    #[test]
-    fn an_error_stays_an_error_unless_the_entry_says_errors() {
-        let err = || Verdict::Error("export failed: NotImplementedError: gather".into());
-        match judged(err(), &entry(false)) {
-            Verdict::Error(m) => {
-                assert!(
-                    m.starts_with("export failed: NotImplementedError: gather"),
-                    "{m}"
-                );
-                assert!(
-                    m.contains("not covered by the expected failure") && m.contains("errors: true"),
-                    "{m}"
-                );
-            }
-            v => panic!("a budget's entry hid an error: {v:?}"),
-        }
-        match judged(err(), &entry(true)) {
-            Verdict::ExpectedFail(r) => assert!(
-                r.ends_with("export failed: NotImplementedError: gather"),
-                "the error's text is kept: {r}"
-            ),
-            v => panic!("{v:?}"),
-        }
     }
 }
 

@@ -122,26 +122,29 @@ fn main() {
     let mut not_applicable = 0;
     for k in 0..plan.trials.len() {
         let t = &plan.trials[k];
-        let ignored = plan.ignored(t);
-        if ignored
-            .as_deref()
-            .is_some_and(|r| r.contains(grpo_conformance::runner::NOT_APPLICABLE))
-        {
-            // Recorded (as the CLI does) but not a test: the combination does not exist.
-            let o = plan.execute(t, &cache, &opts);
-            records.lock().unwrap().write(suite.name(), &o).ok();
-            not_applicable += 1;
-            continue;
-        }
-        if let Some(reason) = ignored {
-            // Still executed (it only records the ignored verdict, frees the case share).
-            let (plan, cache, records) = (plan.clone(), cache.clone(), records.clone());
-            let o = plan.execute(&plan.trials[k], &cache, &opts);
-            records.lock().unwrap().write(suite.name(), &o).ok();
-            trials.push(Trial::ignorable_test(t.name.clone(), move || {
-                Ok(Completion::ignored_with(reason))
-            }));
-            continue;
+        match plan.ignored(t) {
+            Some(Verdict::NotApplicable(_)) => {
+                // Recorded (as the CLI does) but not a test: the combination does not exist.
+                let o = plan.execute(t, &cache, &opts);
+                records.lock().unwrap().write(suite.name(), &o).ok();
+                not_applicable += 1;
+                continue;
+            }
+            Some(v) => {
+                // Still executed (it only records the ignored verdict, frees the case share).
+                let reason = match v {
+                    Verdict::Ignored(r) => r,
+                    other => other.label(),
+                };
+                let (plan, cache, records) = (plan.clone(), cache.clone(), records.clone());
+                let o = plan.execute(&plan.trials[k], &cache, &opts);
+                records.lock().unwrap().write(suite.name(), &o).ok();
+                trials.push(Trial::ignorable_test(t.name.clone(), move || {
+                    Ok(Completion::ignored_with(reason))
+                }));
+                continue;
+            }
+            None => {}
         }
         let (plan, cache, records) = (plan.clone(), cache.clone(), records.clone());
         trials.push(Trial::test(t.name.clone(), move || {
@@ -157,7 +160,7 @@ fn main() {
                     eprintln!("{}: {}", o.name, o.failure_text().replace('\n', "\n  "));
                     Ok(())
                 }
-                Verdict::Ignored(_) => Ok(()),
+                Verdict::Ignored(_) | Verdict::NotApplicable(_) => Ok(()),
                 _ => Err(Failed::from(o.failure_text())),
             }
         }));

@@ -14,9 +14,11 @@
 //! Trials are backend × implementation × case; a backend declares, as a predicate on the
 //! case, what it cannot run (an ignored trial with that reason, never a pass).
 
+pub mod outcome;
 pub mod pjrt;
 pub mod reference;
 
+pub use outcome::{Outcome, Refusal};
 pub use reference::{Mutation, NaiveF32, ReferenceBackend, ReferenceConfig};
 
 use crate::cases::Case;
@@ -126,8 +128,9 @@ pub struct RunResult {
     pub cost_error: Option<String>,
     /// Roofline time on the backend's TPU generation.
     pub roofline: Option<crate::cost::roofline::Roofline>,
-    /// The speed budget's verdict, when one is configured.
-    pub speed: Option<crate::cost::speed::SpeedReport>,
+    /// The figures a speed budget is judged on (this implementation's and jax_baseline's
+    /// derived cost and roofline), when one is configured: the judge decides.
+    pub speed: Option<crate::cost::speed::SpeedMeasure>,
     /// Measured time against the roofline (executing TPU backends).
     pub efficiency: Option<crate::cost::speed::Efficiency>,
     /// Which environment exported the module (exporting backends).
@@ -172,9 +175,10 @@ pub trait Backend: Send + Sync {
     /// Implementation names this backend runs (from the config, in order).
     fn implementations(&self) -> Vec<String>;
 
-    /// `Err(reason)` when `implementation` cannot run `case` here (the trial is ignored
-    /// with that reason). May need [`Backend::prepare`] first (the exporter's answer).
-    fn supports(&self, implementation: &str, case: &Case) -> Result<(), String>;
+    /// `Err` when `implementation` cannot run `case` here: [`Refusal::Unsupported`] (the
+    /// trial is ignored with that reason) or [`Refusal::NotApplicable`]. May need
+    /// [`Backend::prepare`] first (the exporter's answer).
+    fn supports(&self, implementation: &str, case: &Case) -> Result<(), Refusal>;
 
     /// Optional batch preparation of exactly the work that will run (e.g. export
     /// everything with one Python process).
@@ -182,7 +186,8 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
-    /// Runs one implementation on one case.
+    /// Runs one implementation on one case. An error that is (or wraps) a [`Refusal`]
+    /// says which kind of outcome it is; [`Backend::outcome`] reads it by type.
     fn run(
         &self,
         implementation: &str,
@@ -190,6 +195,17 @@ pub trait Backend: Send + Sync {
         inputs: &Inputs,
         opts: &RunOptions,
     ) -> Result<RunResult>;
+
+    /// [`Backend::run`] as a typed [`Outcome`].
+    fn outcome(
+        &self,
+        implementation: &str,
+        case: &Case,
+        inputs: &Inputs,
+        opts: &RunOptions,
+    ) -> Outcome {
+        Outcome::of(self.run(implementation, case, inputs, opts))
+    }
 
     /// Checks the configured implementations (ids, options) before anything runs; the
     /// error names each bad entry. Default: nothing to check.
@@ -224,7 +240,7 @@ pub trait Backend: Send + Sync {
 
     /// The configured speed budget of an implementation on a case
     /// (`max_roofline_over_baseline` where `speed_cases` matches), if any: the backend then
-    /// returns a [`RunResult::speed`] verdict (or an error).
+    /// returns the [`RunResult::speed`] figures (or an error) and the judge decides.
     fn speed_budget(&self, _implementation: &str, _case: &Case) -> Option<f64> {
         None
     }

@@ -140,7 +140,7 @@ pub fn run(matrix: &Matrix, args: BenchArgs) -> Result<()> {
     for case in &cases {
         grpo_conformance::trials::check_host_memory(case)
             .map_err(|e| anyhow::anyhow!("{}: {e}", case.id))?;
-        let supported: Vec<(&String, Result<(), String>)> = impls
+        let supported: Vec<(&String, Result<(), grpo_conformance::backends::Refusal>)> = impls
             .iter()
             .map(|i| (i, backend.supports(i, case)))
             .collect();

@@ -738,6 +738,9 @@ fn summarize(outcomes: &[TrialOutcome], plan: &Plan, scale: f64, path: &Path) ->
             t.expected_fail, t.unexpected_pass
         ));
     }
+    if t.stale > 0 {
+        line.push_str(&format!(", {} STALE expected failures", t.stale));
+    }
     if t.not_applicable > 0 {
         line.push_str(&format!(
             " ({} not applicable, not shown)",
@@ -759,7 +762,8 @@ fn summarize(outcomes: &[TrialOutcome], plan: &Plan, scale: f64, path: &Path) ->
         );
     }
     if !t.green() {
-        if t.passed + t.expected_fail == 0 && t.failed + t.errors + t.unexpected_pass == 0 {
+        let bad = t.failed + t.errors + t.unexpected_pass + t.stale;
+        if t.passed + t.expected_fail == 0 && bad == 0 {
             return Err(super::Ended::nothing_checked(format!(
                 "no trial passed ({} ignored): the run checked nothing",
                 t.ignored
@@ -767,7 +771,7 @@ fn summarize(outcomes: &[TrialOutcome], plan: &Plan, scale: f64, path: &Path) ->
         }
         return Err(super::Ended::failed(format!(
             "{} of {} trials did not pass",
-            t.failed + t.errors + t.unexpected_pass,
+            bad,
             outcomes.len()
         )));
     }

@@ -276,7 +276,7 @@ mod imp {
             let mut raised = Vec::new();
             for (e, s) in entries.iter().zip(&sets) {
                 if let Err(r) = base.supports(e.display_name(), &case) {
-                    if r.contains("VMEM") && !s.contains_key("vmem_limit_bytes") {
+                    if r.to_string().contains("VMEM") && !s.contains_key("vmem_limit_bytes") {
                         let mut s2 = s.clone();
                         s2.insert("vmem_limit_bytes".into(), VMEM_MAX.into());
                         raised.push(entry(
@@ -334,7 +334,7 @@ mod imp {
                 pb.set_message(format!("{t} {}", e.display_name()));
                 let name = e.display_name();
                 let mut o = match b.supports(name, &case) {
-                    Err(reason) => {
+                    Err(refusal) => {
                         let mut o = TrialOutcome::new(
                             format!("{}/{name}/{}", b.name(), case.id),
                             TrialKind::Sweep,
@@ -342,7 +342,7 @@ mod imp {
                             name,
                             &case.id,
                         );
-                        o.verdict = Verdict::Ignored(reason);
+                        o.verdict = grpo_conformance::judge::skipped(refusal);
                         o
                     }
                     Ok(()) => run_trial(&b, name, &case, None, &opts),

@@ -52,6 +52,32 @@ fn inputs(cost: &DerivedCost, r: &Roofline) -> String {
     )
 }
 
+/// What a speed budget is judged on: an implementation's derived cost and roofline and
+/// jax_baseline's on the same case and generation (measured by the backend; the judge
+/// compares them with the bound, [`judge`]).
+#[derive(Debug, Clone)]
+pub struct SpeedMeasure {
+    /// This implementation's derived cost.
+    pub own: DerivedCost,
+    /// Its roofline.
+    pub own_roofline: Roofline,
+    /// jax_baseline's derived cost on the case.
+    pub baseline: DerivedCost,
+    /// Its roofline on the same generation.
+    pub baseline_roofline: Roofline,
+}
+
+impl SpeedMeasure {
+    /// Judges the measure against the bound `max` ([`judge`]).
+    pub fn judge(&self, max: f64) -> SpeedReport {
+        judge(
+            max,
+            (&self.own, &self.own_roofline),
+            (&self.baseline, &self.baseline_roofline),
+        )
+    }
+}
+
 /// Judges `own` against the baseline's roofline with the bound `max`.
 pub fn judge(
     max: f64,

@@ -12,6 +12,7 @@ JSON result line per request on stdout, in order, flushed after each. Anything e
 libraries print goes to stderr. A bad request yields an ``error`` line; the batch goes on.
 
 Result: {"status":"ok","key","dir","manifest","cached"} | {"status":"unsupported","reason"}
+| {"status":"not_applicable","reason"} (a case of a level the implementation does not have)
 | {"status":"contract","message"} (outputs of SPEC's shapes in other dtypes: a FAIL)
       | {"status":"error","message","detail"}: ``message`` is one line (what, and where in the
 implementation's own code), ``detail`` the traceback. Whatever an implementation does while
@@ -206,7 +207,12 @@ def handle_request(req, cache_dir: Path) -> dict:
         cache_dir = Path(cache_dir).absolute()
         built = build_function(normalize_request(req))
         if built.fn is None:
-            return {"status": "unsupported", "reason": f"{built.impl.id}: {built.reason}"}
+            # A case of a level the implementation does not have is not applicable (the
+            # suite neither shows nor counts it), anything else unsupported: said by the
+            # status, never left to the reason's wording.
+            status = ("not_applicable" if built.problem.level not in built.impl.capabilities.levels
+                      else "unsupported")
+            return {"status": status, "reason": f"{built.impl.id}: {built.reason}"}
         norm = built.norm
         key = cache.cache_key(norm)
         entry = cache_dir / key

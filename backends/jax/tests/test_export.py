@@ -193,13 +193,15 @@ def test_batch_with_unsupported_and_errors(tmp_path, monkeypatch):
         json.dumps(request(knobs={"delta": 1.1})),  # delta must exceed 1 + epsilon_high
         json.dumps(request(v=0)),
         json.dumps(request(knobs={"temperature": 0.5})),
+        json.dumps(request(impl="limited", dtype="f32", level="fused", h=32)),  # no fused level
     ]
     out = io.StringIO()
     export.run_batch(lines, tmp_path, out)
     results = [json.loads(line) for line in out.getvalue().splitlines()]
     statuses = [r["status"] for r in results]
     assert statuses == ["ok", "unsupported", "unsupported", "unsupported", "ok", "error",
-                        "error", "error", "error", "error", "error", "ok"]
+                        "error", "error", "error", "error", "error", "ok", "not_applicable"]
+    assert results[12]["reason"] == "limited: not applicable: level 'fused'", results[12]
     assert "dtype 'bf16'" in results[1]["reason"]
     assert "beta" in results[2]["reason"]
     assert "block_v" in results[3]["reason"]

@@ -6,7 +6,7 @@
 use super::export::{Exported, Exporter, Manifest};
 use super::profile::Profile;
 use super::worker::{HostArg, Worker};
-use crate::backends::{Backend, RunOptions, RunResult};
+use crate::backends::{Backend, Refusal, RunOptions, RunResult};
 use crate::cases::Case;
 use crate::config::{ImplConfig, ImplEntry};
 use crate::inputs::Inputs;
@@ -172,6 +172,8 @@ impl PjrtExec {
         let (manifest, module) = match self.exporter.get(imp, run_as)? {
             Exported::Ready { manifest, module } => (manifest, module),
             Exported::Unsupported(r) => bail!("unsupported: {r}"),
+            Exported::NotApplicable(r) => return Err(Refusal::NotApplicable(r).into()),
+            Exported::BreaksContract(m) => return Err(Refusal::BreaksContract(m).into()),
             Exported::Failed(e) => bail!("{e}"),
         };
         let args = host_args(&manifest, case, inputs)?;
@@ -219,7 +221,7 @@ impl Backend for PjrtExec {
         super::export::names(&self.impls)
     }
 
-    fn supports(&self, implementation: &str, case: &Case) -> Result<(), String> {
+    fn supports(&self, implementation: &str, case: &Case) -> Result<(), Refusal> {
         let imp = super::export::entry(&self.impls, self.profile.backend(), implementation)?;
         // On the CPU plugin device memory is host memory, shared with the suite's own copy
         // of the inputs and the oracle: estimate and refuse rather than swap or get killed.
@@ -227,11 +229,11 @@ impl Backend for PjrtExec {
             let need = super::cpu_working_set_bytes(case);
             if let Some(total) = mem_total_bytes() {
                 if need as f64 > 0.75 * total as f64 {
-                    return Err(format!(
+                    return Err(Refusal::Unsupported(format!(
                         "needs ~{:.1} GiB of host memory on the CPU device, this machine has {:.1} GiB",
                         need as f64 / GIB,
                         total as f64 / GIB
-                    ));
+                    )));
                 }
             }
         }

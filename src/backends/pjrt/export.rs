@@ -1,6 +1,7 @@
 //! Calling the Python exporter (`python -m grpo_jax.export`) in batches and reading its
 //! manifests. One process per batch: jax starts once, cached artifacts are reused.
 
+use crate::backends::Refusal;
 use crate::cases::Case;
 use crate::config::ImplConfig;
 use anyhow::{anyhow, bail, Context, Result};
@@ -433,6 +434,11 @@ pub enum Exported {
     },
     /// The implementation does not support the case (the reason).
     Unsupported(String),
+    /// The case is of a level the implementation does not have (the reason).
+    NotApplicable(String),
+    /// The module breaks SPEC's output contract: outputs of SPEC's shapes in other dtypes
+    /// (what differs).
+    BreaksContract(String),
     /// Export failed (one line: what, and where in the implementation's code).
     Failed(String),
 }
@@ -679,11 +685,10 @@ fn parse_response(line: &str, cache_dir: &Path, imp: &str, case_id: &str) -> Res
             }
         }
         "unsupported" => Exported::Unsupported(r.reason.unwrap_or_else(|| "unsupported".into())),
-        "contract" => Exported::Failed(format!(
-            "{}{}",
-            crate::runner::BREAKS_CONTRACT,
-            r.message.unwrap_or_default().replace('\n', " ")
-        )),
+        "not_applicable" => {
+            Exported::NotApplicable(r.reason.unwrap_or_else(|| "not applicable".into()))
+        }
+        "contract" => Exported::BreaksContract(r.message.unwrap_or_default().replace('\n', " ")),
         _ => {
             let message = r.message.unwrap_or_default().replace('\n', " ");
             let detail = r.detail.filter(|d| !d.trim().is_empty()).and_then(|d| {
@@ -805,8 +810,12 @@ pub fn entry<'a>(
     impls: &'a [ImplConfig],
     backend: &str,
     name: &str,
-) -> Result<&'a ImplConfig, String> {
-    find(impls, name).ok_or_else(|| format!("{backend} has no implementation `{name}` configured"))
+) -> Result<&'a ImplConfig, Refusal> {
+    find(impls, name).ok_or_else(|| {
+        Refusal::Unsupported(format!(
+            "{backend} has no implementation `{name}` configured"
+        ))
+    })
 }
 
 /// The display names of a backend's entries, in config order.
@@ -1127,11 +1136,13 @@ impl Exporter {
         Ok(bad)
     }
 
-    /// The exporter's support answer: `Err(reason)` when the implementation declares the
-    /// case unsupported. Export failures are trial errors (in `run`), never silent skips.
-    pub fn support(&self, imp: &ImplConfig, case: &Case) -> Result<(), String> {
+    /// The exporter's support answer: `Err` when the implementation declares the case
+    /// unsupported, or of a level it does not have (not applicable). Export failures are
+    /// trial errors (in `run`), never silent skips.
+    pub fn support(&self, imp: &ImplConfig, case: &Case) -> Result<(), Refusal> {
         match self.get(imp, case) {
-            Ok(Exported::Unsupported(reason)) => Err(reason),
+            Ok(Exported::Unsupported(reason)) => Err(Refusal::Unsupported(reason)),
+            Ok(Exported::NotApplicable(reason)) => Err(Refusal::NotApplicable(reason)),
             _ => Ok(()),
         }
     }

@@ -9,11 +9,11 @@
 use super::export::{Exported, Exporter, Manifest};
 use super::worker::{cost_of, memory_of};
 use super::TpuAotConfig;
-use crate::backends::{Backend, RunOptions, RunResult, Timing};
+use crate::backends::{Backend, Refusal, RunOptions, RunResult, Timing};
 use crate::cases::Case;
 use crate::config::ImplConfig;
 use crate::cost::roofline::{generation_of_topology, roofline, Generation};
-use crate::cost::speed::{judge, BASELINE};
+use crate::cost::speed::BASELINE;
 use crate::cost::{DerivedCost, COST_MODEL_VERSION};
 use crate::inputs::Inputs;
 use anyhow::{anyhow, bail, Context, Result};
@@ -370,8 +370,13 @@ impl TpuAot {
                 .map_err(|e| format!("{e:#}"))?
             {
                 Exported::Ready { module, manifest } => (module, manifest),
-                Exported::Unsupported(r) => {
+                Exported::Unsupported(r) | Exported::NotApplicable(r) => {
                     return Err(format!("{BASELINE} does not support the case: {r}"))
+                }
+                Exported::BreaksContract(m) => {
+                    return Err(format!(
+                        "the speed reference {BASELINE} breaks SPEC's output contract: {m}"
+                    ))
                 }
                 Exported::Failed(e) => return Err(format!("the speed reference {BASELINE}: {e}")),
             };
@@ -447,16 +452,14 @@ impl Backend for TpuAot {
         super::export::names(&self.impls)
     }
 
-    fn supports(&self, implementation: &str, case: &Case) -> Result<(), String> {
+    fn supports(&self, implementation: &str, case: &Case) -> Result<(), Refusal> {
         let imp = super::export::entry(&self.impls, &self.name, implementation)?;
         if let Some(devices) = topology_devices(&self.topology).filter(|&c| case.devices > c) {
             // A topology too small for the case is not a limitation of the implementation.
-            return Err(format!(
-                "{}the case needs {} devices, topology {} has {devices}",
-                crate::runner::NOT_APPLICABLE,
-                case.devices,
-                self.topology
-            ));
+            return Err(Refusal::NotApplicable(format!(
+                "not applicable: the case needs {} devices, topology {} has {devices}",
+                case.devices, self.topology
+            )));
         }
         self.exporter.support(imp, case)
     }
@@ -497,6 +500,8 @@ impl Backend for TpuAot {
         let (module, manifest) = match self.exporter.get(imp, case)? {
             Exported::Ready { module, manifest } => (module, manifest),
             Exported::Unsupported(r) => bail!("unsupported: {r}"),
+            Exported::NotApplicable(r) => return Err(Refusal::NotApplicable(r).into()),
+            Exported::BreaksContract(m) => return Err(Refusal::BreaksContract(m).into()),
             Exported::Failed(e) => bail!("{e}"),
         };
         let mut res = self.compile_shared(&module, &manifest).map_err(|e| {
@@ -532,11 +537,13 @@ impl Backend for TpuAot {
                 )
             })?;
             let base = self.baseline_cost(case).map_err(|e| anyhow!("a speed budget is configured but jax_baseline's cost on the case is not available: {e}"))?.with_ratios(case, None);
-            res.speed = Some(judge(
-                max,
-                (own, &roofline(own, g)),
-                (&base, &roofline(&base, g)),
-            ));
+            let _ = max;
+            res.speed = Some(crate::cost::speed::SpeedMeasure {
+                own: own.clone(),
+                own_roofline: roofline(own, g),
+                baseline_roofline: roofline(&base, g),
+                baseline: base,
+            });
         }
         Ok(res)
     }

@@ -3,7 +3,7 @@
 
 use super::export::Manifest;
 use super::profile::{Profile, CLIENT_TIMEOUT};
-use crate::backends::{Memory, Timing};
+use crate::backends::{Memory, Refusal, Timing};
 use anyhow::{anyhow, bail, Context, Result};
 use grpo_pjrt::{
     Client, ClientOptions, CompileOptions, DeviceAssignment, ElementType, LoadedExecutable, Plugin,
@@ -383,17 +383,20 @@ pub fn join_shards(parts: &[Vec<u8>], part_dims: &[i64], item: usize, axis: usiz
     out
 }
 
-/// The one-line message for a module partitioned over more devices than the client has.
-/// On XLA:CPU it is an error whose fix is the backend's `cpu_device_count`; on a TPU VM
-/// or a GPU machine the devices are what the machine has, so the case does not apply here
-/// (as a tpu-aot topology too small for it): the message starts with
-/// [`crate::runner::NOT_APPLICABLE`] and the runner records the trial as not applicable.
-pub fn too_few_devices(n: usize, have: usize, profile: Profile, platform_label: &str) -> String {
-    let na = crate::runner::NOT_APPLICABLE;
+/// The error for a module partitioned over more devices than the client has. On XLA:CPU
+/// it is an error whose fix is the backend's `cpu_device_count`; on a TPU VM or a GPU
+/// machine the devices are what the machine has, so the case does not apply here (as a
+/// tpu-aot topology too small for it): a [`Refusal::NotApplicable`].
+pub fn too_few_devices(
+    n: usize,
+    have: usize,
+    profile: Profile,
+    platform_label: &str,
+) -> anyhow::Error {
     match profile {
-        Profile::Cpu => format!("the module is partitioned over {n} devices but the PJRT client has {have} (raise the backend's cpu_device_count to {n})"),
-        Profile::Gpu => format!("{na}the case needs {n} GPUs, this machine's PJRT client has {have} ({platform_label}); a machine with at least {n} GPUs runs it"),
-        Profile::Tpu => format!("{na}the case needs {n} devices, this machine's PJRT client has {have} ({platform_label}); a slice with at least {n} chips runs it"),
+        Profile::Cpu => anyhow!("the module is partitioned over {n} devices but the PJRT client has {have} (raise the backend's cpu_device_count to {n})"),
+        Profile::Gpu => Refusal::NotApplicable(format!("not applicable: the case needs {n} GPUs, this machine's PJRT client has {have} ({platform_label}); a machine with at least {n} GPUs runs it")).into(),
+        Profile::Tpu => Refusal::NotApplicable(format!("not applicable: the case needs {n} devices, this machine's PJRT client has {have} ({platform_label}); a slice with at least {n} chips runs it")).into(),
     }
 }
 
@@ -421,8 +424,7 @@ fn host_memory_refusal(exe: &grpo_pjrt::Executable, n: usize) -> Option<String> 
 fn host_memory_message(need: u64, n: usize, free: &crate::host_memory::Headroom) -> String {
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     format!(
-        "{}the compiled module needs {:.1} GiB of host memory on {n} CPU device(s) (arguments, outputs and XLA's temporaries), more than the {:.1} GiB free under {}; a machine with more memory, or an accelerator, runs it",
-        crate::runner::NOT_APPLICABLE,
+        "not applicable: the compiled module needs {:.1} GiB of host memory on {n} CPU device(s) (arguments, outputs and XLA's temporaries), more than the {:.1} GiB free under {}; a machine with more memory, or an accelerator, runs it",
         gib(need),
         gib(free.free),
         free.source
@@ -462,10 +464,7 @@ fn run_job(
     let n = m.num_partitions.max(1);
     let devices = client.addressable_devices()?;
     if devices.len() < n {
-        bail!(
-            "{}",
-            too_few_devices(n, devices.len(), profile, platform_label)
-        );
+        return Err(too_few_devices(n, devices.len(), profile, platform_label));
     }
     let ids: Vec<i64> = devices
         .iter()
@@ -489,7 +488,7 @@ fn run_job(
     let exe = &cache[&m.key];
     if profile.device_is_host() {
         if let Some(why) = host_memory_refusal(exe.executable(), n) {
-            bail!("{why}");
+            return Err(Refusal::NotApplicable(why).into());
         }
     }
     // After the compile (its autotuning allocates and frees device memory of its own):
@@ -759,12 +758,14 @@ mod tests {
         }
         // Element [1, 2, 5] of the last-axis split into 4: shard 2 (columns 4..6), column 1.
         let (_, p) = shard_bytes(&dims, &bytes, 1, 2, 4, 2).unwrap();
-        assert!(too_few_devices(4, 1, Profile::Cpu, "XLA:CPU (host memory)")
-            .contains("cpu_device_count to 4"));
-        let gpu = too_few_devices(2, 1, Profile::Gpu, "XLA:GPU");
-        assert!(gpu.starts_with(crate::runner::NOT_APPLICABLE) && gpu.contains("at least 2 GPUs"));
-        let tpu = too_few_devices(8, 4, Profile::Tpu, "TPU v6e");
-        assert!(tpu.starts_with(crate::runner::NOT_APPLICABLE) && tpu.contains("at least 8 chips"));
+        let kind = |e: anyhow::Error| e.downcast::<Refusal>();
+        let cpu = too_few_devices(4, 1, Profile::Cpu, "XLA:CPU (host memory)");
+        assert!(format!("{cpu}").contains("cpu_device_count to 4"));
+        assert!(kind(cpu).is_err(), "on XLA:CPU it is an error with a fix");
+        let gpu = kind(too_few_devices(2, 1, Profile::Gpu, "XLA:GPU"));
+        assert!(matches!(&gpu, Ok(Refusal::NotApplicable(m)) if m.contains("at least 2 GPUs")));
+        let tpu = kind(too_few_devices(8, 4, Profile::Tpu, "TPU v6e"));
+        assert!(matches!(&tpu, Ok(Refusal::NotApplicable(m)) if m.contains("at least 8 chips")));
         // Padding on the last axis, then cropping back, round-trips; the cut part is checked.
         let (pd, padded) = pad_axis(&[2, 3], &[1, 2, 3, 4, 5, 6], &[0], 1, 5);
         assert_eq!(

@@ -6,7 +6,7 @@ mod naive;
 
 pub use naive::{Mutation, NaiveF32};
 
-use super::{Backend, RunOptions, RunResult, Timing};
+use super::{Backend, Refusal, RunOptions, RunResult, Timing};
 use crate::cases::Case;
 use crate::config::ImplEntry;
 use crate::inputs::Inputs;
@@ -153,11 +153,13 @@ impl Backend for ReferenceBackend {
         self.impls.clone()
     }
 
-    fn supports(&self, implementation: &str, case: &Case) -> Result<(), String> {
+    fn supports(&self, implementation: &str, case: &Case) -> Result<(), Refusal> {
         match (implementation, naive(implementation)) {
             ("oracle", _) => Ok(()),
             (_, Some(n)) => n.supports(case),
-            (other, None) => Err(format!("reference backend has no implementation `{other}`")),
+            (other, None) => Err(Refusal::Unsupported(format!(
+                "reference backend has no implementation `{other}`"
+            ))),
         }
     }
 

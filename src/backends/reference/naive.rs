@@ -139,12 +139,12 @@ fn blocked_sum(it: impl Iterator<Item = f32>) -> f32 {
 
 impl NaiveF32 {
     /// Logits level only.
-    pub fn supports(&self, case: &Case) -> Result<(), String> {
+    pub fn supports(&self, case: &Case) -> Result<(), crate::backends::Refusal> {
         match case.level {
             Level::Logits => Ok(()),
-            Level::Fused => Err(format!(
-                "naive_f32: {}level 'fused' (it implements the logits level only)",
-                crate::runner::NOT_APPLICABLE
+            Level::Fused => Err(crate::backends::Refusal::NotApplicable(
+                "naive_f32: not applicable: level 'fused' (it implements the logits level only)"
+                    .into(),
             )),
         }
     }
