@@ -194,30 +194,14 @@ pub struct Plan {
     reference: Arc<dyn Backend>,
 }
 
-/// The enabled implementations a backend's configuration lists: (name, case glob).
+/// The enabled implementations that run on `backend`: (name, case glob).
 fn configured_implementations(config: &Config, backend: &str) -> Vec<(String, Option<String>)> {
-    let b = &config.backends;
-    let key = if backend.starts_with("tpu-aot-") {
-        "tpu-aot"
-    } else {
-        backend
-    };
-    let list = if backend == "reference" {
-        b.reference.as_ref().map(|c| &c.implementations[..])
-    } else {
-        b.exported_lists()
-            .into_iter()
-            .find(|(k, _)| *k == key)
-            .map(|(_, l)| l)
-    };
-    list.map(|l| {
-        crate::config::enabled(l)
-            .iter()
-            .filter(|c| c.runs_on_backend(backend))
-            .map(|c| (c.display_name().to_string(), c.cases.clone()))
-            .collect()
-    })
-    .unwrap_or_default()
+    config
+        .backends
+        .implementations_on(backend)
+        .iter()
+        .map(|c| (c.display_name().to_string(), c.cases.clone()))
+        .collect()
 }
 
 /// Whether an implementation entry with case glob `cases` runs on `case_id`.
@@ -300,7 +284,7 @@ impl Plan {
                 );
             }
         }
-        let (ready, unavailable) = backends::available(config);
+        let (ready, unavailable) = backends::available(&config.backends, config.export_timeout_s);
         for b in ready.iter().filter(|_| validate) {
             b.validate()
                 .map_err(|e| anyhow::anyhow!("{}: backend `{}`: {e:#}", config.origin, b.name()))?;
@@ -346,26 +330,28 @@ impl Plan {
         // An entry's case glob that matches no case of the matrix is a typo, not a choice.
         for b in names.iter().filter(|_| own_matrix) {
             for (i, g) in configured_implementations(config, b) {
+                // A negated glob must leave some case too: `!*` runs nothing.
                 if let Some(g) = g.filter(|g| {
-                    let g = g.strip_prefix('!').unwrap_or(g);
-                    !matrix
-                        .suite(Suite::Full)
-                        .iter()
-                        .any(|c| crate::config::glob_match(g, &c.id))
+                    let plain = g.strip_prefix('!').unwrap_or(g);
+                    let full = matrix.suite(Suite::Full);
+                    !full.iter().any(|c| crate::config::glob_match(plain, &c.id))
+                        || !full
+                            .iter()
+                            .any(|c| crate::config::cases_glob_covers(g, &c.id))
                 }) {
-                    bail!("{}: backend `{b}`, implementation `{i}`: cases \"{g}\" matches no case of the matrix", config.origin);
+                    bail!("{}: backend `{b}`, implementation `{i}`: cases \"{g}\" selects no case of the matrix", config.origin);
                 }
             }
         }
-        if let Some(t) = config.backends.tpu_aot.as_ref().filter(|_| own_matrix) {
-            for c in crate::config::enabled(&t.implementations) {
+        for (b, list) in config.backends.exported_lists().into_iter().filter(|_| own_matrix) {
+            for c in crate::config::enabled(list) {
                 if let Some(g) = c.speed_cases.as_deref().filter(|g| {
                     !matrix
                         .suite(Suite::Full)
                         .iter()
                         .any(|k| crate::config::glob_match(g, &k.id))
                 }) {
-                    bail!("{}: backend `tpu-aot`, implementation `{}`: speed_cases \"{g}\" matches no case of the matrix", config.origin, c.display_name());
+                    bail!("{}: backend `{b}`, implementation `{}`: speed_cases \"{g}\" matches no case of the matrix", config.origin, c.display_name());
                 }
             }
         }

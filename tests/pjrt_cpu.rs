@@ -23,8 +23,7 @@ fn backend() -> PjrtExec {
     let cfg = Config::load_default().unwrap();
     PjrtExec::cpu(
         cfg.backends
-            .pjrt_cpu
-            .as_ref()
+            .get::<grpo_conformance::backends::pjrt::PjrtCpuConfig>("pjrt-cpu")
             .expect("configs/default.yaml has pjrt-cpu"),
     )
     .unwrap_or_else(|e| panic!("pjrt-cpu must be available (run scripts/setup.sh): {e:#}"))
@@ -106,8 +105,8 @@ fn missing_plugin_is_one_clear_line() {
     let mut cfg = Config::load_default()
         .unwrap()
         .backends
-        .pjrt_cpu
-        .clone()
+        .get::<grpo_conformance::backends::pjrt::PjrtCpuConfig>("pjrt-cpu")
+        .cloned()
         .unwrap();
     cfg.plugin = Some("/nonexistent/plugin.so".into());
     if std::env::var_os(grpo_pjrt::PLUGIN_ENV).is_some() {

@@ -17,8 +17,10 @@
 pub mod outcome;
 pub mod pjrt;
 pub mod reference;
+pub mod registry;
 
 pub use outcome::{Outcome, Refusal};
+pub use registry::{BackendKind, BackendsConfig, Section};
 pub use reference::{Mutation, NaiveF32, ReferenceBackend, ReferenceConfig};
 
 use crate::cases::Case;
@@ -257,211 +259,11 @@ pub struct Budget {
 
 impl Budget {
     /// The budget of a configured implementation, if it has one.
-    pub fn of(c: &crate::config::ImplConfig) -> Option<Budget> {
+    pub fn of(c: &crate::config::entry::ImplConfig) -> Option<Budget> {
         c.max_peak_over_floor.map(|r| Budget {
             max_peak_over_floor: r,
             slack_bytes: c.peak_slack_bytes,
         })
-    }
-}
-
-/// Each backend's own settings, by name (a backend not named is not used).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BackendsConfig {
-    /// `reference`.
-    #[serde(default)]
-    pub reference: Option<ReferenceConfig>,
-    /// `pjrt-cpu`.
-    #[serde(default, rename = "pjrt-cpu")]
-    pub pjrt_cpu: Option<pjrt::PjrtCpuConfig>,
-    /// `pjrt-gpu` (execution on an NVIDIA GPU).
-    #[serde(default, rename = "pjrt-gpu")]
-    pub pjrt_gpu: Option<pjrt::PjrtGpuConfig>,
-    /// `tpu-aot`: one backend per topology.
-    #[serde(default, rename = "tpu-aot")]
-    pub tpu_aot: Option<pjrt::TpuAotConfig>,
-    /// `pjrt-tpu` (execution on TPU chips; needs `--features tpu`).
-    #[serde(default, rename = "pjrt-tpu")]
-    pub pjrt_tpu: Option<pjrt::PjrtTpuConfig>,
-}
-
-impl BackendsConfig {
-    /// Puts `other`'s backends over these: each backend `other` configures replaces this
-    /// one's of the same name whole (a configuration that `extends` another).
-    pub fn overlay(&mut self, other: BackendsConfig) {
-        let BackendsConfig {
-            reference,
-            pjrt_cpu,
-            pjrt_gpu,
-            tpu_aot,
-            pjrt_tpu,
-        } = other;
-        if reference.is_some() {
-            self.reference = reference;
-        }
-        if pjrt_cpu.is_some() {
-            self.pjrt_cpu = pjrt_cpu;
-        }
-        if pjrt_gpu.is_some() {
-            self.pjrt_gpu = pjrt_gpu;
-        }
-        if tpu_aot.is_some() {
-            self.tpu_aot = tpu_aot;
-        }
-        if pjrt_tpu.is_some() {
-            self.pjrt_tpu = pjrt_tpu;
-        }
-    }
-
-    /// Checks every backend's settings.
-    pub fn validate(&self, origin: &str) -> Result<()> {
-        if let Some(r) = &self.reference {
-            r.validate(origin)?;
-        }
-        if let Some(c) = &self.pjrt_cpu {
-            c.validate(origin)?;
-        }
-        if let Some(c) = &self.tpu_aot {
-            c.validate(origin)?;
-        }
-        if let Some(c) = &self.pjrt_gpu {
-            c.validate(origin, "pjrt-gpu")?;
-        }
-        if let Some(c) = &self.pjrt_tpu {
-            c.validate(origin, "pjrt-tpu")?;
-        }
-        Ok(())
-    }
-
-    /// Makes implementation entries' `python` / `pythonpath` and the backends' `plugin`
-    /// absolute against `base` (the config file's directory).
-    pub fn resolve_paths(&mut self, base: &std::path::Path) {
-        let plugin = |p: &mut Option<std::path::PathBuf>| {
-            if let Some(q) = p.as_mut().filter(|q| q.is_relative()) {
-                *q = base.join(&*q);
-            }
-        };
-        if let Some(c) = &mut self.pjrt_cpu {
-            crate::config::resolve_entry_paths(&mut c.implementations, base);
-            plugin(&mut c.plugin);
-        }
-        if let Some(c) = &mut self.tpu_aot {
-            crate::config::resolve_entry_paths(&mut c.implementations, base);
-            plugin(&mut c.plugin);
-        }
-        for c in [&mut self.pjrt_gpu, &mut self.pjrt_tpu]
-            .into_iter()
-            .flatten()
-        {
-            crate::config::resolve_entry_paths(&mut c.implementations, base);
-            plugin(&mut c.plugin);
-        }
-    }
-
-    /// Checks that every path the configuration names exists: a backend's `plugin` is a
-    /// file, an implementation's `python` is a file and its `pythonpath` entries are
-    /// directories. (Only an unnamed, default plugin may be missing: that backend is then
-    /// unavailable.)
-    pub fn check_paths(&self, origin: &str) -> Result<()> {
-        let plugins = [
-            (
-                "pjrt-cpu",
-                self.pjrt_cpu.as_ref().and_then(|c| c.plugin.as_ref()),
-            ),
-            (
-                "tpu-aot",
-                self.tpu_aot.as_ref().and_then(|c| c.plugin.as_ref()),
-            ),
-            (
-                "pjrt-gpu",
-                self.pjrt_gpu.as_ref().and_then(|c| c.plugin.as_ref()),
-            ),
-            (
-                "pjrt-tpu",
-                self.pjrt_tpu.as_ref().and_then(|c| c.plugin.as_ref()),
-            ),
-        ];
-        for (b, p) in plugins {
-            if let Some(p) = p {
-                if p.is_dir() {
-                    anyhow::bail!(
-                        "{origin}: backend `{b}`: plugin {} is a directory, not a shared library",
-                        p.display()
-                    );
-                }
-                if !p.is_file() {
-                    anyhow::bail!(
-                        "{origin}: backend `{b}`: plugin {} does not exist",
-                        p.display()
-                    );
-                }
-            }
-        }
-        for (b, list) in self.exported_lists() {
-            for imp in crate::config::enabled(list) {
-                let n = imp.display_name();
-                if let Some(py) = &imp.python {
-                    if !py.is_file() {
-                        anyhow::bail!("{origin}: backend `{b}`, implementation `{n}`: python {} is not a file", py.display());
-                    }
-                }
-                for d in &imp.pythonpath {
-                    if !d.is_dir() {
-                        anyhow::bail!("{origin}: backend `{b}`, implementation `{n}`: pythonpath entry {} is not a directory", d.display());
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The implementation lists of the exporting backends, by config key (`pjrt-cpu`,
-    /// `pjrt-gpu`, `tpu-aot`, `pjrt-tpu`), in config order.
-    pub fn exported_lists(&self) -> Vec<(&'static str, &[crate::config::ImplEntry])> {
-        let mut v: Vec<(&'static str, &[crate::config::ImplEntry])> = Vec::new();
-        if let Some(c) = &self.pjrt_cpu {
-            v.push(("pjrt-cpu", &c.implementations));
-        }
-        if let Some(c) = &self.pjrt_gpu {
-            v.push(("pjrt-gpu", &c.implementations));
-        }
-        if let Some(c) = &self.tpu_aot {
-            v.push(("tpu-aot", &c.implementations));
-        }
-        if let Some(c) = &self.pjrt_tpu {
-            v.push(("pjrt-tpu", &c.implementations));
-        }
-        v
-    }
-
-    /// The enabled implementation entries of the exporting backends, in config order.
-    pub fn exported_implementations(&self) -> Vec<crate::config::ImplConfig> {
-        self.exported_lists()
-            .into_iter()
-            .flat_map(|(_, l)| crate::config::enabled(l))
-            .collect()
-    }
-
-    /// Names of the backends this config selects (one `tpu-aot-<topology>` per topology).
-    pub fn names(&self) -> Vec<String> {
-        let mut v = Vec::new();
-        if self.reference.is_some() {
-            v.push("reference".to_string());
-        }
-        if self.pjrt_cpu.is_some() {
-            v.push("pjrt-cpu".to_string());
-        }
-        if self.pjrt_gpu.is_some() {
-            v.push("pjrt-gpu".to_string());
-        }
-        if let Some(t) = &self.tpu_aot {
-            v.extend(t.topologies.iter().map(|x| pjrt::tpu_aot_name(x)));
-        }
-        if self.pjrt_tpu.is_some() {
-            v.push("pjrt-tpu".to_string());
-        }
-        v
     }
 }
 
@@ -475,16 +277,15 @@ pub struct Unavailable {
 }
 
 /// The backends a configuration names that are available on this machine, and the
-/// reason for each one that is not.
-pub fn available(config: &crate::config::Config) -> (Vec<Arc<dyn Backend>>, Vec<Unavailable>) {
-    let mut ok: Vec<Arc<dyn Backend>> = Vec::new();
-    let mut missing = Vec::new();
-    let b = &config.backends;
+/// reason for each one that is not (each section's own probe, [`registry::Section::open`]);
+/// exporting backends' modules get `export_timeout_s` each.
+pub fn available(
+    backends: &BackendsConfig,
+    export_timeout_s: u64,
+) -> (Vec<Arc<dyn Backend>>, Vec<Unavailable>) {
     #[cfg(feature = "pjrt")]
-    pjrt::export::set_timeout(config.export_timeout_s);
-    if let Some(r) = &b.reference {
-        ok.push(Arc::new(ReferenceBackend::new(r)));
-    }
-    pjrt::available(b, &mut ok, &mut missing);
-    (ok, missing)
+    pjrt::export::set_timeout(export_timeout_s);
+    #[cfg(not(feature = "pjrt"))]
+    let _ = export_timeout_s;
+    backends.open()
 }

@@ -81,7 +81,10 @@ pub fn sweep_case(matrix: &Matrix, args: &SweepArgs) -> Result<Case> {
 /// The budgets: the command line's, else the first tpu-aot entry of the configuration
 /// with the implementation's id.
 pub fn budgets(config: &Config, args: &SweepArgs) -> Budgets {
-    let entry = config.backends.tpu_aot.as_ref().and_then(|t| {
+    let tpu_aot = config
+        .backends
+        .get::<grpo_conformance::backends::pjrt::TpuAotConfig>("tpu-aot");
+    let entry = tpu_aot.and_then(|t| {
         t.implementations
             .iter()
             .map(|e| e.resolved())
@@ -212,8 +215,7 @@ mod imp {
         let budgets = budgets(&config, &args);
         let plugin = config
             .backends
-            .tpu_aot
-            .as_ref()
+            .get::<grpo_conformance::backends::pjrt::TpuAotConfig>("tpu-aot")
             .and_then(|t| t.plugin.clone());
         let topologies: Vec<String> = if args.topologies.is_empty() {
             DEFAULT_TOPOLOGIES.iter().map(|s| s.to_string()).collect()

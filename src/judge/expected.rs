@@ -50,7 +50,12 @@ pub fn apply(o: &mut TrialOutcome, expected: Option<&ExpectedFailure>) {
 pub fn stale(o: &TrialOutcome, e: &ExpectedFailure) -> Option<String> {
     let margin = e.margin.unwrap_or(DEFAULT_MARGIN);
     let mut why = Vec::new();
-    let mut kinds: Vec<Reason> = Vec::new();
+    // `errors: true` covers what is not judged, a contract breach included.
+    let mut kinds: Vec<Reason> = if e.errors {
+        vec![Reason::Contract]
+    } else {
+        Vec::new()
+    };
     for (name, &want) in &e.expect {
         let Some(f) = Figure::parse(name) else {
             why.push(format!("unknown figure `{name}`"));

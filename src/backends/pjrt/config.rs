@@ -1,7 +1,7 @@
 //! Settings of the PJRT backends (parsed and checked in every build, also without the
 //! `pjrt` feature).
 
-use crate::config::{check_implementations, ImplEntry};
+use crate::config::entry::{check_implementations, enabled, ImplConfig, ImplEntry};
 use anyhow::{bail, Result};
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -17,7 +17,7 @@ pub struct PjrtCpuConfig {
     #[serde(default)]
     pub cpu_device_count: Option<i64>,
     /// Implementations to run, in order.
-    #[serde(deserialize_with = "crate::config::impl_list")]
+    #[serde(deserialize_with = "crate::config::entry::impl_list")]
     pub implementations: Vec<ImplEntry>,
 }
 
@@ -31,7 +31,7 @@ pub struct TpuAotConfig {
     /// Topologies to compile for, e.g. `v6e:2x2`, `v5e:2x2`, `v6e:2x4`.
     pub topologies: Vec<String>,
     /// Implementations to compile, with their `max_peak_over_floor` budgets.
-    #[serde(deserialize_with = "crate::config::impl_list")]
+    #[serde(deserialize_with = "crate::config::entry::impl_list")]
     pub implementations: Vec<ImplEntry>,
 }
 
@@ -46,14 +46,33 @@ pub struct PjrtDeviceConfig {
     #[serde(default)]
     pub plugin: Option<PathBuf>,
     /// Implementations to run, with their `max_peak_over_floor` budgets.
-    #[serde(deserialize_with = "crate::config::impl_list")]
+    #[serde(deserialize_with = "crate::config::entry::impl_list")]
     pub implementations: Vec<ImplEntry>,
 }
 
 /// `pjrt-tpu` settings.
-pub type PjrtTpuConfig = PjrtDeviceConfig;
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(transparent)]
+pub struct PjrtTpuConfig(pub PjrtDeviceConfig);
+
 /// `pjrt-gpu` settings.
-pub type PjrtGpuConfig = PjrtDeviceConfig;
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(transparent)]
+pub struct PjrtGpuConfig(pub PjrtDeviceConfig);
+
+impl std::ops::Deref for PjrtTpuConfig {
+    type Target = PjrtDeviceConfig;
+    fn deref(&self) -> &PjrtDeviceConfig {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for PjrtGpuConfig {
+    type Target = PjrtDeviceConfig;
+    fn deref(&self) -> &PjrtDeviceConfig {
+        &self.0
+    }
+}
 
 impl PjrtCpuConfig {
     /// Checks the settings.
@@ -93,6 +112,11 @@ impl TpuAotConfig {
         if self.topologies.is_empty() {
             bail!("{origin}: backend `tpu-aot` needs at least one topology (e.g. `topologies: [v6e:2x2]`)");
         }
+        for (k, t) in self.topologies.iter().enumerate() {
+            if self.topologies[..k].contains(t) {
+                bail!("{origin}: backend `tpu-aot`: topology `{t}` is listed twice (each topology is one backend, `{}`)", super::tpu_aot_name(t));
+            }
+        }
         for t in &self.topologies {
             if !topology_ok(t) {
                 bail!("{origin}: backend `tpu-aot`: topology `{t}` is not of the form `v6e:2x2` or `tpu7x:2x2x1` (generation:dimensions)");
@@ -117,6 +141,16 @@ impl PjrtDeviceConfig {
     /// Checks the settings of backend `name`.
     pub fn validate(&self, origin: &str, name: &str) -> Result<()> {
         check_implementations(origin, name, &[], &self.implementations)
+    }
+}
+
+impl TpuAotConfig {
+    /// The enabled entries that compile for `topology` (every entry without `topologies`).
+    pub fn implementations_for(&self, topology: &str) -> Vec<ImplConfig> {
+        enabled(&self.implementations)
+            .into_iter()
+            .filter(|c| c.topologies.as_ref().is_none_or(|ts| ts.iter().any(|t| t == topology)))
+            .collect()
     }
 }
 

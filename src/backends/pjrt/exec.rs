@@ -8,7 +8,7 @@ use super::profile::Profile;
 use super::worker::{HostArg, Worker};
 use crate::backends::{Backend, Refusal, RunOptions, RunResult};
 use crate::cases::Case;
-use crate::config::{ImplConfig, ImplEntry};
+use crate::config::entry::{ImplConfig, ImplEntry};
 use crate::inputs::Inputs;
 use crate::outputs::Outputs;
 use crate::spec::OutputName;
@@ -109,7 +109,7 @@ impl PjrtExec {
             profile,
             plugin,
             cpu_device_count,
-            impls: crate::config::enabled(implementations),
+            impls: crate::config::entry::enabled(implementations),
             exporter: Exporter::new(profile.platform())?,
             worker: Mutex::new(None),
         };

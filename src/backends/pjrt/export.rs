@@ -3,7 +3,7 @@
 
 use crate::backends::Refusal;
 use crate::cases::Case;
-use crate::config::ImplConfig;
+use crate::config::entry::ImplConfig;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, VecDeque};

@@ -28,7 +28,7 @@ pub mod tpu_aot;
 #[cfg(feature = "pjrt")]
 mod worker;
 
-use super::{Backend, BackendsConfig, Unavailable};
+use super::{Backend, Unavailable};
 use std::sync::Arc;
 
 /// `<repo>/.venv/lib/python3*/site-packages/<rel>`, the newest Python's, if it exists;
@@ -55,70 +55,179 @@ pub fn tpu_aot_name(topology: &str) -> String {
     format!("tpu-aot-{}", topology.replace(':', "-"))
 }
 
-/// Adds the configured PJRT backends to `ok`, or says in `missing` why each is not there.
-#[cfg(feature = "pjrt")]
-pub(crate) fn available(
-    b: &BackendsConfig,
-    ok: &mut Vec<Arc<dyn Backend>>,
-    missing: &mut Vec<Unavailable>,
-) {
-    let mut push = |name: String, r: anyhow::Result<Arc<dyn Backend>>| match r {
-        Ok(x) => ok.push(x),
-        Err(e) => missing.push(Unavailable {
-            name,
-            reason: format!("{e:#}"),
-        }),
-    };
-    use profile::Profile;
-    let arc = |r: anyhow::Result<exec::PjrtExec>| r.map(|x| Arc::new(x) as Arc<dyn Backend>);
-    if let Some(c) = &b.pjrt_cpu {
-        push("pjrt-cpu".into(), arc(exec::PjrtExec::cpu(c)));
-    }
-    if let Some(c) = &b.pjrt_gpu {
-        push(
-            "pjrt-gpu".into(),
-            arc(exec::PjrtExec::open(
-                Profile::Gpu,
-                c.plugin.as_ref(),
-                None,
-                &c.implementations,
-            )),
-        );
-    }
-    if let Some(c) = &b.tpu_aot {
-        for t in &c.topologies {
-            push(
-                tpu_aot_name(t),
-                tpu_aot::TpuAot::new(c, t).map(|x| Arc::new(x) as Arc<dyn Backend>),
-            );
+/// What each PJRT backend kind's settings give the configuration and the trial list
+/// ([`super::registry::Section`]): its names, entries, plugin and how it opens.
+mod sections {
+    use super::*;
+    use crate::backends::registry::Section;
+    use crate::config::entry::{ImplConfig, ImplEntry};
+    use std::path::{Path, PathBuf};
+
+    /// Pushes `r` on `ok`, or its error on `missing` under `name`.
+    #[cfg_attr(not(feature = "pjrt"), allow(dead_code))]
+    fn push(
+        name: String,
+        r: anyhow::Result<Arc<dyn Backend>>,
+        ok: &mut Vec<Arc<dyn Backend>>,
+        missing: &mut Vec<Unavailable>,
+    ) {
+        match r {
+            Ok(x) => ok.push(x),
+            Err(e) => missing.push(Unavailable {
+                name,
+                reason: format!("{e:#}"),
+            }),
         }
     }
-    if let Some(c) = &b.pjrt_tpu {
-        push(
-            "pjrt-tpu".into(),
-            arc(exec::PjrtExec::open(
-                Profile::Tpu,
-                c.plugin.as_ref(),
-                None,
-                &c.implementations,
-            )),
-        );
-    }
-}
 
-/// Without the `pjrt` feature every PJRT backend is unavailable, with that reason.
-#[cfg(not(feature = "pjrt"))]
-pub(crate) fn available(
-    b: &BackendsConfig,
-    _ok: &mut Vec<Arc<dyn Backend>>,
-    missing: &mut Vec<Unavailable>,
-) {
-    for name in b.names().into_iter().filter(|n| n != "reference") {
-        missing.push(Unavailable {
-            name,
-            reason: "built without `pjrt` (the default feature; build with `--features pjrt`)"
-                .into(),
-        });
+    /// Without the `pjrt` feature each PJRT backend is unavailable, with that reason.
+    #[cfg(not(feature = "pjrt"))]
+    fn without_pjrt(names: Vec<String>, missing: &mut Vec<Unavailable>) {
+        for name in names {
+            missing.push(Unavailable {
+                name,
+                reason: "built without `pjrt` (the default feature; build with `--features pjrt`)"
+                    .into(),
+            });
+        }
+    }
+
+    /// The section methods every PJRT kind shares: entries and plugin.
+    macro_rules! entries_and_plugin {
+        ($($field:tt)*) => {
+            fn entries(&self) -> &[ImplEntry] {
+                &self$($field)*.implementations
+            }
+            fn entries_mut(&mut self) -> &mut Vec<ImplEntry> {
+                &mut self$($field)*.implementations
+            }
+            fn plugin(&self) -> Option<&Path> {
+                self$($field)*.plugin.as_deref()
+            }
+            fn plugin_mut(&mut self) -> Option<&mut Option<PathBuf>> {
+                Some(&mut self$($field)*.plugin)
+            }
+            fn clone_box(&self) -> Box<dyn Section> {
+                Box::new(self.clone())
+            }
+            fn as_any(&self) -> &dyn std::any::Any {
+                self
+            }
+        };
+    }
+
+    impl Section for PjrtCpuConfig {
+        entries_and_plugin!();
+        fn validate(&self, origin: &str, _section: &str) -> anyhow::Result<()> {
+            PjrtCpuConfig::validate(self, origin)
+        }
+        fn backend_names(&self, section: &str) -> Vec<String> {
+            vec![section.to_string()]
+        }
+        fn open(&self, section: &str, ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+            #[cfg(feature = "pjrt")]
+            push(
+                section.into(),
+                exec::PjrtExec::cpu(self).map(|x| Arc::new(x) as Arc<dyn Backend>),
+                ok,
+                missing,
+            );
+            #[cfg(not(feature = "pjrt"))]
+            {
+                let _ = ok;
+                without_pjrt(self.backend_names(section), missing);
+            }
+        }
+    }
+
+    impl Section for TpuAotConfig {
+        entries_and_plugin!();
+        fn validate(&self, origin: &str, _section: &str) -> anyhow::Result<()> {
+            TpuAotConfig::validate(self, origin)
+        }
+        fn backend_names(&self, _section: &str) -> Vec<String> {
+            self.topologies.iter().map(|t| tpu_aot_name(t)).collect()
+        }
+        fn implementations_on(&self, backend: &str) -> Vec<ImplConfig> {
+            self.topologies
+                .iter()
+                .find(|t| tpu_aot_name(t) == backend)
+                .map(|t| self.implementations_for(t))
+                .unwrap_or_default()
+        }
+        fn open(&self, section: &str, ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+            #[cfg(feature = "pjrt")]
+            {
+                let _ = section;
+                for t in &self.topologies {
+                    push(
+                        tpu_aot_name(t),
+                        tpu_aot::TpuAot::new(self, t).map(|x| Arc::new(x) as Arc<dyn Backend>),
+                        ok,
+                        missing,
+                    );
+                }
+            }
+            #[cfg(not(feature = "pjrt"))]
+            {
+                let _ = ok;
+                without_pjrt(self.backend_names(section), missing);
+            }
+        }
+    }
+
+    /// A device plugin's execution backend of `profile`.
+    #[cfg_attr(not(feature = "pjrt"), allow(unused_variables))]
+    fn open_device(
+        c: &PjrtDeviceConfig,
+        section: &str,
+        gpu: bool,
+        ok: &mut Vec<Arc<dyn Backend>>,
+        missing: &mut Vec<Unavailable>,
+    ) {
+        #[cfg(feature = "pjrt")]
+        {
+            let profile = if gpu {
+                profile::Profile::Gpu
+            } else {
+                profile::Profile::Tpu
+            };
+            push(
+                section.into(),
+                exec::PjrtExec::open(profile, c.plugin.as_ref(), None, &c.implementations)
+                    .map(|x| Arc::new(x) as Arc<dyn Backend>),
+                ok,
+                missing,
+            );
+        }
+        #[cfg(not(feature = "pjrt"))]
+        without_pjrt(vec![section.to_string()], missing);
+    }
+
+    impl Section for PjrtGpuConfig {
+        entries_and_plugin!(.0);
+        fn validate(&self, origin: &str, section: &str) -> anyhow::Result<()> {
+            self.0.validate(origin, section)
+        }
+        fn backend_names(&self, section: &str) -> Vec<String> {
+            vec![section.to_string()]
+        }
+        fn open(&self, section: &str, ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+            open_device(&self.0, section, true, ok, missing)
+        }
+    }
+
+    impl Section for PjrtTpuConfig {
+        entries_and_plugin!(.0);
+        fn validate(&self, origin: &str, section: &str) -> anyhow::Result<()> {
+            self.0.validate(origin, section)
+        }
+        fn backend_names(&self, section: &str) -> Vec<String> {
+            vec![section.to_string()]
+        }
+        fn open(&self, section: &str, ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+            open_device(&self.0, section, false, ok, missing)
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use super::worker::{cost_of, memory_of};
 use super::TpuAotConfig;
 use crate::backends::{Backend, Refusal, RunOptions, RunResult, Timing};
 use crate::cases::Case;
-use crate::config::ImplConfig;
+use crate::config::entry::ImplConfig;
 use crate::cost::roofline::{generation_of_topology, roofline, Generation};
 use crate::cost::speed::BASELINE;
 use crate::cost::{DerivedCost, COST_MODEL_VERSION};
@@ -182,10 +182,7 @@ impl TpuAot {
             topology: topology.to_string(),
             plugin,
             version,
-            impls: crate::config::enabled(&cfg.implementations)
-                .into_iter()
-                .filter(|c| c.runs_on_backend(&super::tpu_aot_name(topology)))
-                .collect(),
+            impls: cfg.implementations_for(topology),
             exporter: shared_exporter()?,
             baselines: Mutex::default(),
             compiled: Mutex::default(),
@@ -410,7 +407,7 @@ impl TpuAot {
             .find(|c| c.id == BASELINE && c.options.is_empty() && !c.is_external())
             .cloned()
             .unwrap_or_else(|| {
-                let mut c = crate::config::ImplEntry::Id(BASELINE.into()).resolved();
+                let mut c = crate::config::entry::ImplEntry::Id(BASELINE.into()).resolved();
                 c.name = Some(format!("{BASELINE}@speed-baseline"));
                 c
             })

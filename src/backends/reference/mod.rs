@@ -8,7 +8,7 @@ pub use naive::{Mutation, NaiveF32};
 
 use super::{Backend, Refusal, RunOptions, RunResult, Timing};
 use crate::cases::Case;
-use crate::config::ImplEntry;
+use crate::config::entry::ImplEntry;
 use crate::inputs::Inputs;
 use crate::oracle::Oracle;
 use crate::outputs::Outputs;
@@ -23,7 +23,7 @@ use std::time::Instant;
 #[serde(deny_unknown_fields)]
 pub struct ReferenceConfig {
     /// Of `oracle`, `naive_f32` (no options).
-    #[serde(deserialize_with = "crate::config::impl_list")]
+    #[serde(deserialize_with = "crate::config::entry::impl_list")]
     pub implementations: Vec<ImplEntry>,
 }
 
@@ -33,7 +33,7 @@ pub const IMPLEMENTATIONS: [&str; 2] = ["oracle", "naive_f32"];
 impl ReferenceConfig {
     /// Unique names, known ids, no options.
     pub fn validate(&self, origin: &str) -> anyhow::Result<()> {
-        crate::config::check_implementations(origin, "reference", &[], &self.implementations)?;
+        crate::config::entry::check_implementations(origin, "reference", &[], &self.implementations)?;
         for e in &self.implementations {
             let c = e.resolved();
             if !IMPLEMENTATIONS.contains(&c.id.as_str()) && naive(&c.id).is_none() {
@@ -75,7 +75,7 @@ impl ReferenceBackend {
     /// The implementations the config enables.
     pub fn new(cfg: &ReferenceConfig) -> Self {
         ReferenceBackend {
-            impls: crate::config::enabled(&cfg.implementations)
+            impls: crate::config::entry::enabled(&cfg.implementations)
                 .iter()
                 .map(|c| c.id.clone())
                 .collect(),
@@ -142,6 +142,38 @@ pub fn oracle_outputs(case: &Case, inputs: &Inputs) -> Outputs {
         }
     }
     out
+}
+
+impl super::Section for ReferenceConfig {
+    fn validate(&self, origin: &str, _section: &str) -> anyhow::Result<()> {
+        ReferenceConfig::validate(self, origin)
+    }
+    fn backend_names(&self, section: &str) -> Vec<String> {
+        vec![section.to_string()]
+    }
+    fn entries(&self) -> &[ImplEntry] {
+        &self.implementations
+    }
+    fn entries_mut(&mut self) -> &mut Vec<ImplEntry> {
+        &mut self.implementations
+    }
+    fn exports(&self) -> bool {
+        false
+    }
+    fn open(
+        &self,
+        _section: &str,
+        ok: &mut Vec<std::sync::Arc<dyn Backend>>,
+        _missing: &mut Vec<super::Unavailable>,
+    ) {
+        ok.push(std::sync::Arc::new(ReferenceBackend::new(self)));
+    }
+    fn clone_box(&self) -> Box<dyn super::Section> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 impl Backend for ReferenceBackend {
