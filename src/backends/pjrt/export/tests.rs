@@ -1,0 +1,118 @@
+//! Tests of the exporter: sharding a batch, explaining compile failures.
+
+use super::batch::shard_by_implementation;
+use super::*;
+use anyhow::anyhow;
+use std::path::Path;
+
+#[test]
+fn shards_keep_each_implementation_whole_and_balance_the_rest() {
+    let names = ["a", "b", "a", "c", "b", "a", "d"];
+    // One job: everything, in order.
+    assert_eq!(
+        shard_by_implementation(&names, 1),
+        vec![(0..7).collect::<Vec<_>>()]
+    );
+    // Two jobs, largest first to the lighter shard: a (3) | b (2), c (1) to b's (2 < 3),
+    // then d to the first of the two equal shards; indices in order.
+    let two = shard_by_implementation(&names, 2);
+    assert_eq!(two, vec![vec![0, 2, 5, 6], vec![1, 3, 4]]);
+    // More jobs than implementations: one shard each, none empty.
+    let many = shard_by_implementation(&names, 8);
+    assert_eq!(many.len(), 4);
+    for s in &many {
+        let first = names[s[0]];
+        assert!(s.iter().all(|&k| names[k] == first), "{many:?}");
+    }
+    // Every index exactly once.
+    let mut all: Vec<usize> = many.concat();
+    all.sort_unstable();
+    assert_eq!(all, (0..7).collect::<Vec<_>>());
+    assert!(shard_by_implementation(&[], 2).is_empty());
+}
+
+fn manifest(jax: &str) -> Manifest {
+    Manifest {
+        implementation: "mine:IMPL".into(),
+        platform: "cpu".into(),
+        jax_version: jax.into(),
+        key: "k".into(),
+        inputs: vec![],
+        outputs: vec![],
+        not_provided: vec![],
+        num_partitions: 1,
+        kernels: vec![],
+        kernel_cost_error: None,
+        f32_dots: Vec::new(),
+        declared_precision: None,
+        round_trips: Vec::new(),
+    }
+}
+
+#[test]
+fn a_compile_failure_of_another_jax_names_both_versions_and_the_fix() {
+    let pinned = pinned_jax_version();
+    assert!(
+        pinned.chars().next().is_some_and(|c| c.is_ascii_digit()),
+        "{pinned}"
+    );
+    let plugin = Path::new("/p/xla_cpu.so");
+    let e = explain_compile_failure(
+        // The plugin's message spans lines (as xla_cpu_pjrt's MLIR notes do).
+        anyhow!("compile of m: unknown op vhlo.foo_v9\n  -:0:0: note: in bytecode version 6\n"),
+        &manifest("0.99.0"),
+        plugin,
+        "backends.pjrt-cpu.plugin",
+        crate::env::PJRT_PLUGIN,
+    );
+    let m = format!("{e:#}");
+    assert!(
+        m.contains("jax 0.99.0") && m.contains(&format!("jax {pinned}")),
+        "{m}"
+    );
+    assert!(
+        m.contains("backends.pjrt-cpu.plugin")
+            && m.contains("/p/xla_cpu.so")
+            && m.contains("vhlo.foo_v9")
+            && m.contains("foo_v9 -:0:0: note: in bytecode version 6"),
+        "{m}"
+    );
+    assert_eq!(m.lines().count(), 1, "{m}");
+    // The pinned jax: the plugin's message as is.
+    let e = explain_compile_failure(
+        anyhow!("compile of m: boom"),
+        &manifest(pinned),
+        plugin,
+        "x",
+        "Y",
+    );
+    assert_eq!(format!("{e:#}"), "compile of m: boom");
+    // Another jax, but not a compile failure: as is.
+    let e = explain_compile_failure(
+        anyhow!("execute: out of memory"),
+        &manifest("0.99.0"),
+        plugin,
+        "x",
+        "Y",
+    );
+    assert_eq!(format!("{e:#}"), "execute: out of memory");
+    // tpu-aot's compile error (libtpu 0.0.42.1 on a jax 0.11.2 export) names libtpu's
+    // setting and variable.
+    let e = explain_compile_failure(
+        anyhow!("TPU compile for v6e:2x2 failed: unregistered operation 'vhlo.custom_call_v2' found in dialect ('vhlo') that does not allow unknown operations"),
+        &manifest("0.11.2"),
+        Path::new("/v/libtpu/libtpu.so"),
+        "backends.tpu-aot.plugin",
+        crate::env::LIBTPU,
+    );
+    let m = format!("{e:#}");
+    assert!(
+        m.contains("jax 0.11.2")
+            && m.contains(&format!("jax {pinned}"))
+            && m.contains("backends.tpu-aot.plugin")
+            && m.contains("GRPO_LIBTPU")
+            && m.contains("vhlo.custom_call_v2")
+            && m.lines().count() == 1,
+        "{m}"
+    );
+}

@@ -1,0 +1,72 @@
+//! The opcode classes of the walk: transcendental, elementwise, and free opcodes.
+
+/// Opcodes that are one transcendental per result element.
+pub(super) const TRANSCENDENTAL: [&str; 16] = [
+    "exponential",
+    "exponential-minus-one",
+    "log",
+    "log-plus-one",
+    "tanh",
+    "logistic",
+    "sine",
+    "cosine",
+    "tan",
+    "sqrt",
+    "rsqrt",
+    "cbrt",
+    "erf",
+    "power",
+    "atan2",
+    "erf-inv",
+];
+
+/// Opcodes that are one flop per result element.
+pub(super) const ELEMENTWISE: [&str; 30] = [
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "maximum",
+    "minimum",
+    "negate",
+    "abs",
+    "compare",
+    "select",
+    "convert",
+    "and",
+    "or",
+    "xor",
+    "not",
+    "shift-left",
+    "shift-right-logical",
+    "shift-right-arithmetic",
+    "remainder",
+    "sign",
+    "floor",
+    "ceil",
+    "round-nearest-afz",
+    "round-nearest-even",
+    "clamp",
+    "is-finite",
+    "popcnt",
+    "count-leading-zeros",
+    "reduce-precision",
+    "stochastic-convert",
+];
+
+/// Opcodes that move no data and do no work at the module level.
+pub(super) const FREE: [&str; 13] = [
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "opt-barrier",
+    "add-dependency",
+    "domain",
+    "copy-done",
+    "iota",
+];
