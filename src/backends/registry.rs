@@ -146,34 +146,58 @@ impl Clone for BackendsConfig {
     }
 }
 
-impl<'de> serde::Deserialize<'de> for BackendsConfig {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::Error;
-        let map = serde_yaml_ng::Mapping::deserialize(d)?;
+/// The `backends:` mapping as read, each section's YAML not yet parsed by its kind
+/// ([`BackendsConfig::parse`] does that, naming the file and line of a bad section).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(transparent)]
+pub struct RawBackends(serde_yaml_ng::Mapping);
+
+/// The line (1-based) of section `name` under the top-level `backends:` of `text`, when
+/// written in block style.
+fn section_line(text: &str, name: &str) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.iter().position(|l| l.starts_with("backends:"))?;
+    lines[start + 1..]
+        .iter()
+        .take_while(|l| l.is_empty() || l.starts_with(' ') || l.starts_with('#'))
+        .position(|l| {
+            let t = l.trim_start();
+            t.strip_prefix(name)
+                .or_else(|| t.strip_prefix(&format!("\"{name}\"")))
+                .is_some_and(|r| r.trim_start().starts_with(':'))
+        })
+        .map(|k| start + 1 + k + 1)
+}
+
+impl BackendsConfig {
+    /// Parses each section of `raw` by its registered kind; `text` (the file's) gives the
+    /// line of a bad one. An unknown section name is an error listing the known ones.
+    pub fn parse(raw: RawBackends, origin: &str, text: &str) -> Result<BackendsConfig> {
         let mut sections: Vec<(String, Box<dyn Section>)> = Vec::new();
-        for (k, v) in map {
-            let name = k
-                .as_str()
-                .ok_or_else(|| D::Error::custom("a backend's name must be a string"))?
-                .to_string();
-            let kind = kind(&name).ok_or_else(|| {
-                D::Error::custom(format!(
-                    "unknown field `{name}`, expected one of {}",
+        for (k, v) in raw.0 {
+            let Some(name) = k.as_str().map(str::to_string) else {
+                anyhow::bail!("{origin}: backends: a backend's name must be a string");
+            };
+            let at = section_line(text, &name)
+                .map(|l| format!(" (line {l})"))
+                .unwrap_or_default();
+            let Some(kind) = kind(&name) else {
+                anyhow::bail!(
+                    "{origin}: backends: unknown backend `{name}`{at}, expected one of {}",
                     self::sections()
                         .iter()
                         .map(|s| format!("`{s}`"))
                         .collect::<Vec<_>>()
                         .join(", ")
-                ))
-            })?;
-            let s = (kind.parse)(v).map_err(|e| D::Error::custom(format!("backends.{name}: {e}")))?;
+                );
+            };
+            let s = (kind.parse)(v)
+                .map_err(|e| anyhow::anyhow!("{origin}: backends.{name}{at}: {e}"))?;
             sections.push((name, s));
         }
         Ok(BackendsConfig { sections })
     }
-}
 
-impl BackendsConfig {
     /// A configuration of these sections (tests, programs that build one).
     pub fn from_sections(sections: Vec<(String, Box<dyn Section>)>) -> BackendsConfig {
         BackendsConfig { sections }

@@ -31,7 +31,7 @@ pub use entry::{
 };
 pub use expected::{ExpectedFailure, ExpectedKind};
 
-use crate::backends::BackendsConfig;
+use crate::backends::registry::{BackendsConfig, RawBackends};
 use expected::check_expected;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
@@ -61,8 +61,13 @@ pub struct Config {
     /// before it is killed and that implementation's trials are errors.
     #[serde(default = "default_export_timeout")]
     pub export_timeout_s: u64,
-    /// Backends by name, each with its own settings.
+    /// Backends by name, each with its own settings (parsed from `raw_backends` by each
+    /// section's registered kind).
+    #[serde(skip)]
     pub backends: BackendsConfig,
+    /// The `backends:` mapping as read.
+    #[serde(rename = "backends")]
+    raw_backends: RawBackends,
     /// Known failures: the trials run, a failure is reported as expected, a pass fails the run.
     #[serde(default)]
     pub expected_failures: Vec<ExpectedFailure>,
@@ -88,7 +93,7 @@ struct Extension {
     trial_timeout_s: Option<u64>,
     export_timeout_s: Option<u64>,
     #[serde(default)]
-    backends: BackendsConfig,
+    backends: RawBackends,
     #[serde(default)]
     expected_failures: Vec<ExpectedFailure>,
 }
@@ -134,6 +139,7 @@ impl Config {
             bail!("{origin}: `extends` names a base configuration relative to this file; read it with --config FILE");
         }
         let mut c: Config = serde_yaml_ng::from_str(text).map_err(|e| anyhow!("{origin}: {e}"))?;
+        c.backends = BackendsConfig::parse(std::mem::take(&mut c.raw_backends), origin, text)?;
         c.origin = origin.to_string();
         check_timeouts(origin, Some(c.trial_timeout_s), Some(c.export_timeout_s))?;
         c.backends.validate(origin)?;
@@ -196,7 +202,7 @@ impl Config {
             );
         }
         let mut c = Config::load_chain(&base_path, chain)?;
-        let mut backends = x.backends;
+        let mut backends = BackendsConfig::parse(x.backends, &origin, &text)?;
         backends.validate(&origin)?;
         backends.resolve_paths(&dir);
         c.backends.overlay(backends);
