@@ -196,23 +196,37 @@ impl PyEnv {
     /// A command running this interpreter with the extra import directories.
     fn command(&self) -> Command {
         let mut c = Command::new(&self.python);
-        if !self.pythonpath.is_empty() {
-            let mut parts: Vec<std::ffi::OsString> = self
-                .pythonpath
-                .iter()
-                .map(|p| p.clone().into_os_string())
-                .collect();
-            if let Some(old) = std::env::var_os("PYTHONPATH").filter(|o| !o.is_empty()) {
-                parts.push(old);
-            }
-            c.env(
-                "PYTHONPATH",
-                std::env::join_paths(parts).unwrap_or_default(),
-            );
+        if let Some(pp) = self.child_pythonpath(std::env::var_os("PYTHONPATH")) {
+            c.env("PYTHONPATH", pp);
         }
         c.env("JAX_PLATFORMS", "cpu");
         crate::child_process::end_with_parent(&mut c);
         c
+    }
+
+    /// The child's `PYTHONPATH` when the entry names directories (`None`: the inherited
+    /// one as it is): those directories, then the inherited value whole. That value may
+    /// hold several directories (scripts/gpu_check.sh puts the checkout's backends/jax
+    /// before a machine's own), so it is appended as it is: `join_paths` refuses an
+    /// element holding `:`, and its empty fallback dropped grpo_jax from the path. (An
+    /// entry's directory holding `:` is refused when the config is checked.)
+    fn child_pythonpath(
+        &self,
+        inherited: Option<std::ffi::OsString>,
+    ) -> Option<std::ffi::OsString> {
+        if self.pythonpath.is_empty() {
+            return None;
+        }
+        let inherited = inherited.filter(|o| !o.is_empty());
+        let parts = self.pythonpath.iter().map(|p| p.as_os_str());
+        let mut value = std::ffi::OsString::new();
+        for (k, part) in parts.chain(inherited.as_deref()).enumerate() {
+            if k > 0 {
+                value.push(":");
+            }
+            value.push(part);
+        }
+        Some(value)
     }
 
     fn describe(&self) -> String {
@@ -1154,6 +1168,35 @@ impl Exporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_pythonpath_goes_before_the_inherited_one_kept_whole() {
+        let env = |dirs: &[&str]| PyEnv {
+            python: PathBuf::from("python3"),
+            pythonpath: dirs.iter().map(PathBuf::from).collect(),
+        };
+        let pp = |e: &PyEnv, inherited: Option<&str>| {
+            e.child_pythonpath(inherited.map(Into::into))
+                .map(|v| v.into_string().unwrap())
+        };
+        let ext = env(&["configs/../examples/external_kernel"]);
+        // The GPU machine's case (scripts/gpu_check.sh puts the checkout's backends/jax
+        // before a PYTHONPATH the machine already had): the inherited value holds several
+        // directories. It was dropped whole (join_paths refuses an element holding `:`,
+        // and the fallback was empty), and grpo_jax with it.
+        assert_eq!(
+            pp(&ext, Some("/c/backends/jax:/opt/image")).as_deref(),
+            Some("configs/../examples/external_kernel:/c/backends/jax:/opt/image")
+        );
+        assert_eq!(
+            pp(&ext, Some("/c/backends/jax")).as_deref(),
+            Some("configs/../examples/external_kernel:/c/backends/jax")
+        );
+        assert_eq!(pp(&env(&["/a", "/b"]), None).as_deref(), Some("/a:/b"));
+        assert_eq!(pp(&env(&["/a"]), Some("")).as_deref(), Some("/a"));
+        // No directories of its own: the inherited PYTHONPATH is left as it is.
+        assert_eq!(pp(&env(&[]), Some("/x:/y")), None);
+    }
 
     #[test]
     fn shards_keep_each_implementation_whole_and_balance_the_rest() {
