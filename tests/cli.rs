@@ -1667,6 +1667,7 @@ fn paths_a_config_names_must_exist() {
     // "unavailable" with its trials ignored and a green run.
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
+    std::fs::create_dir(dir.path().join("a:b")).unwrap();
     for (backend, want) in [
         (
             format!("pjrt-cpu: {{plugin: {d}/missing.so, implementations: [jax_baseline]}}"),
@@ -1687,6 +1688,11 @@ fn paths_a_config_names_must_exist() {
         (
             "pjrt-cpu: {implementations: [{id: 'k:f', pythonpath: [src]}]}".to_string(),
             format!("backend `pjrt-cpu`, implementation `k:f`: pythonpath entry {d}/src is not a directory"),
+        ),
+        // A directory that exists but cannot be one PYTHONPATH element.
+        (
+            "pjrt-cpu: {implementations: [{id: 'k:f', pythonpath: ['a:b']}]}".to_string(),
+            format!("backend `pjrt-cpu`, implementation `k:f`: pythonpath entry {d}/a:b holds `:`, PYTHONPATH's separator"),
         ),
     ] {
         let cfg = dir.path().join("c.yaml");
@@ -2159,4 +2165,145 @@ fn every_example_config_loads_and_lists_against_this_suite() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert_eq!(stderr(&o).trim().lines().count(), 1, "{}", stderr(&o));
+}
+
+/// scripts/gpu_check.sh (docs/gpu.md) on stubs: a copy of the script in a scratch tree
+/// whose `.device/` binaries and `cargo` are shell stubs, so its own logic is what runs.
+#[cfg(unix)]
+mod gpu_check {
+    use super::repo_root;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+    use std::process::{Command, Output};
+
+    fn stub(path: &Path, body: &str) {
+        std::fs::write(path, format!("#!/usr/bin/env bash\n{body}\n")).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// The scratch tree: the script, a harness and a CLI that log their call and the
+    /// plugin they were given and exit with `$STUB_RC`, a Python without jax.
+    fn tree() -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        for d in ["scripts", ".device", "bin", "out"] {
+            std::fs::create_dir(t.path().join(d)).unwrap();
+        }
+        std::fs::copy(
+            repo_root().join("scripts/gpu_check.sh"),
+            t.path().join("scripts/gpu_check.sh"),
+        )
+        .unwrap();
+        let log = t.path().join("calls.log");
+        let body = format!(
+            "echo \"$(basename \"$0\") ${{GRPO_SUITE:-}} plugin=${{GRPO_PJRT_PLUGIN-UNSET}}\" >>{}\nexit ${{STUB_RC:-0}}",
+            log.display()
+        );
+        stub(&t.path().join(".device/conformance"), &body);
+        stub(&t.path().join(".device/grpo-suite"), &body);
+        stub(
+            &t.path().join("bin/python3"),
+            "echo \"ModuleNotFoundError: No module named 'jax'\" >&2; exit 1",
+        );
+        stub(
+            &t.path().join("bin/cargo"),
+            "[ \"$1\" = test ] || exit 0\necho 'error[E0308]: mismatched types' >&2\necho ' --> tests/conformance.rs:3:5' >&2\nexit 101",
+        );
+        t
+    }
+
+    fn gpu_check(t: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let path = format!(
+            "{}:{}",
+            t.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut c = Command::new("bash");
+        c.arg(t.join("scripts/gpu_check.sh"))
+            .args(args)
+            .env("PATH", path)
+            .env("OUT", t.join("out"))
+            .env_remove("GRPO_PJRT_PLUGIN")
+            .env_remove("GRPO_PYTHON")
+            .current_dir(t);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    }
+
+    fn calls(t: &Path) -> String {
+        std::fs::read_to_string(t.join("calls.log")).unwrap_or_default()
+    }
+
+    #[test]
+    fn an_unknown_part_is_refused_before_any_part_runs() {
+        let t = tree();
+        let o = gpu_check(t.path(), &["run", "smoke bogus"], &[]);
+        let e = super::stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{e}");
+        assert!(e.contains("unknown part 'bogus'"), "{e}");
+        assert_eq!(
+            calls(t.path()),
+            "",
+            "smoke ran before the bad part was seen"
+        );
+        assert!(!t.path().join("out/versions.txt").exists());
+    }
+
+    #[test]
+    fn a_failed_part_fails_the_script_and_a_missing_plugin_is_left_unset() {
+        let t = tree();
+        // The harness exits 2 (a config that does not load): the summary shows it and the
+        // script fails, naming the part.
+        for plugin in [None, Some("")] {
+            let env: Vec<(&str, &str)> = plugin
+                .map(|p| ("GRPO_PJRT_PLUGIN", p))
+                .into_iter()
+                .chain([("STUB_RC", "2")])
+                .collect();
+            let o = gpu_check(t.path(), &["run", "smoke"], &env);
+            let e = super::stderr(&o);
+            assert_eq!(o.status.code(), Some(1), "{e}");
+            assert!(e.contains("FAILED: smoke (exit 2)"), "{e}");
+            // The plugin lookup failed: said, and GRPO_PJRT_PLUGIN unset, never empty.
+            assert!(e.contains("no CUDA PJRT plugin found"), "{e}");
+            assert!(
+                calls(t.path()).ends_with("conformance smoke plugin=UNSET\n"),
+                "{}",
+                calls(t.path())
+            );
+        }
+        // A part cut by its time limit is a failure too; one that passes is not.
+        let plugin = t.path().join("plugin.so");
+        std::fs::write(&plugin, "").unwrap();
+        let plugin = plugin.to_str().unwrap();
+        let o = gpu_check(
+            t.path(),
+            &["run", "ci"],
+            &[("GRPO_PJRT_PLUGIN", plugin), ("STUB_RC", "124")],
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", super::stderr(&o));
+        assert!(super::stderr(&o).contains("ci (cut at its limit of 100 s)"));
+        let o = gpu_check(
+            t.path(),
+            &["run", "smoke ci"],
+            &[("GRPO_PJRT_PLUGIN", plugin), ("STUB_RC", "0")],
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", super::stderr(&o));
+        assert!(calls(t.path()).ends_with(&format!(
+            "conformance smoke plugin={plugin}\nconformance ci plugin={plugin}\n"
+        )));
+    }
+
+    #[test]
+    fn prepare_shows_the_compilers_error() {
+        let t = tree();
+        let o = gpu_check(t.path(), &["prepare"], &[]);
+        let e = super::stderr(&o);
+        assert_ne!(o.status.code(), Some(0), "{e}");
+        assert!(
+            e.contains("error[E0308]: mismatched types") && e.contains("--no-run"),
+            "{e}"
+        );
+    }
 }

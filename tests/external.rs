@@ -327,39 +327,44 @@ fn a_protocol_mismatch_is_one_line_with_the_fix() {
     );
 }
 
-#[test]
-fn an_entry_python_exports_in_its_own_environment() {
-    // A second venv, built here without the network: the suite's dependencies through a
-    // .pth file (the same jax, so the test is reproducible offline), and grpo_jax installed
-    // into it with the documented one command (pip install backends/jax).
-    let dir = tempfile::tempdir().unwrap();
-    let venv = dir.path().join("venv2");
+/// A second venv in `dir`, built without the network: the suite's dependencies through a
+/// .pth file (the same jax, so tests are reproducible offline), and no grpo_jax (the .pth
+/// files of the suite's site-packages, its grpo_jax install among them, are not read from
+/// a directory a .pth names). Returns its python and its site-packages.
+fn venv_without_grpo_jax(dir: &Path) -> (std::path::PathBuf, String) {
+    let venv = dir.join("venv2");
     let py = repo_root().join(".venv/bin/python");
-    let ok = |o: Output| assert!(o.status.success(), "{}", text(&o));
-    ok(Command::new(&py)
+    let o = Command::new(&py)
         .args(["-m", "venv"])
         .arg(&venv)
         .output()
-        .unwrap());
-    let site = Command::new(&py)
-        .args(["-c", "import site; print(site.getsitepackages()[0])"])
-        .output()
         .unwrap();
-    let site = String::from_utf8(site.stdout).unwrap().trim().to_string();
+    assert!(o.status.success(), "{}", text(&o));
+    let site_of = |python: &Path| {
+        let o = Command::new(python)
+            .args(["-c", "import site; print(site.getsitepackages()[0])"])
+            .output()
+            .unwrap();
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    };
+    let site = site_of(&py);
     let venv_py = venv.join("bin/python");
-    let own_site = Command::new(&venv_py)
-        .args(["-c", "import site; print(site.getsitepackages()[0])"])
-        .output()
-        .unwrap();
-    let own_site = String::from_utf8(own_site.stdout)
-        .unwrap()
-        .trim()
-        .to_string();
+    let own_site = site_of(&venv_py);
     std::fs::write(
         Path::new(&own_site).join("suite_deps.pth"),
         format!("{site}\n"),
     )
     .unwrap();
+    (venv_py, own_site)
+}
+
+#[test]
+fn an_entry_python_exports_in_its_own_environment() {
+    // A second venv, and grpo_jax installed into it with the documented one command (pip
+    // install backends/jax).
+    let dir = tempfile::tempdir().unwrap();
+    let ok = |o: Output| assert!(o.status.success(), "{}", text(&o));
+    let (venv_py, own_site) = venv_without_grpo_jax(dir.path());
     // Without grpo_jax there: one line saying how to install it.
     let cfg = dir.path().join("c.yaml");
     let entry = format!(
@@ -435,6 +440,50 @@ fn an_entry_python_exports_in_its_own_environment() {
         e.contains("is not this checkout's") && e.contains("-m pip install"),
         "{e}"
     );
+}
+
+/// The GPU machine's setup (scripts/gpu_check.sh, docs/gpu.md): an interpreter without
+/// grpo_jax, which it finds through a PYTHONPATH of several directories (the script puts
+/// the checkout's backends/jax before one the machine already had). An entry's
+/// `pythonpath` goes before that PYTHONPATH, kept whole: it had been dropped (one element
+/// holding `:`), and the entry's probe said "has no grpo_jax package" while entries
+/// without a `pythonpath` ran.
+#[test]
+fn an_entry_pythonpath_keeps_an_inherited_pythonpath_of_several_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let (venv_py, _) = venv_without_grpo_jax(dir.path());
+    let elsewhere = dir.path().join("image-site");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let inherited = format!(
+        "{}:{}",
+        repo_root().join("backends/jax").display(),
+        elsewhere.display()
+    );
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "backends:\n  pjrt-cpu:\n    implementations:\n      - {{id: \"ext_grpo.ce:IMPLEMENTATION\", name: ext_ce, pythonpath: [{}]}}\n",
+            example().display()
+        ),
+    )
+    .unwrap();
+    let art = dir.path().join("artifacts");
+    let (o, d) = run(
+        &cfg,
+        &["--filter", "fused/f32/"],
+        &[
+            ("GRPO_PYTHON", venv_py.to_str().unwrap()),
+            ("PYTHONPATH", &inherited),
+            ("GRPO_ARTIFACTS", art.to_str().unwrap()),
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let passed = records(&d)
+        .iter()
+        .filter(|r| r["implementation"] == "ext_ce" && r["verdict"] == "pass")
+        .count();
+    assert!(passed >= 1, "{}", text(&o));
 }
 
 /// A kernel that lives outside its wrapper's package (the MLLM-JAX example's layout: the

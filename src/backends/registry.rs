@@ -283,6 +283,9 @@ impl BackendsConfig {
                     }
                 }
                 for d in &imp.pythonpath {
+                    if d.as_os_str().as_encoded_bytes().contains(&b':') {
+                        anyhow::bail!("{origin}: backend `{b}`, implementation `{n}`: pythonpath entry {} holds `:`, PYTHONPATH's separator (link the directory from a path without one)", d.display());
+                    }
                     if !d.is_dir() {
                         anyhow::bail!("{origin}: backend `{b}`, implementation `{n}`: pythonpath entry {} is not a directory", d.display());
                     }

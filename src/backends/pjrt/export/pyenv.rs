@@ -29,24 +29,39 @@ impl PyEnv {
     /// A command running this interpreter with the extra import directories.
     pub(super) fn command(&self) -> Command {
         let mut c = Command::new(&self.python);
-        if !self.pythonpath.is_empty() {
-            let mut parts: Vec<std::ffi::OsString> = self
-                .pythonpath
-                .iter()
-                .map(|p| p.clone().into_os_string())
-                .collect();
-            if let Some(old) = std::env::var_os("PYTHONPATH").filter(|o| !o.is_empty()) {
-                parts.push(old);
-            }
-            c.env(
-                "PYTHONPATH",
-                std::env::join_paths(parts).unwrap_or_default(),
-            );
+        if let Some(pp) = self.child_pythonpath(std::env::var_os("PYTHONPATH")) {
+            c.env("PYTHONPATH", pp);
         }
         c.env("JAX_PLATFORMS", "cpu");
         crate::child_process::end_with_parent(&mut c);
         c
     }
+
+    /// The child's `PYTHONPATH` when the entry names directories (`None`: the inherited
+    /// one as it is): those directories, then the inherited value whole. That value may
+    /// hold several directories (scripts/gpu_check.sh puts the checkout's backends/jax
+    /// before a machine's own), so it is appended as it is: `join_paths` refuses an
+    /// element holding `:`, and its empty fallback dropped grpo_jax from the path. (An
+    /// entry's directory holding `:` is refused when the config is checked.)
+    pub(super) fn child_pythonpath(
+        &self,
+        inherited: Option<std::ffi::OsString>,
+    ) -> Option<std::ffi::OsString> {
+        if self.pythonpath.is_empty() {
+            return None;
+        }
+        let inherited = inherited.filter(|o| !o.is_empty());
+        let parts = self.pythonpath.iter().map(|p| p.as_os_str());
+        let mut value = std::ffi::OsString::new();
+        for (k, part) in parts.chain(inherited.as_deref()).enumerate() {
+            if k > 0 {
+                value.push(":");
+            }
+            value.push(part);
+        }
+        Some(value)
+    }
+
 
     /// The interpreter, and the pythonpath if any, as messages name this environment.
     pub(super) fn describe(&self) -> String {

@@ -3,7 +3,36 @@
 use super::batch::shard_by_implementation;
 use super::*;
 use anyhow::anyhow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+#[test]
+fn an_entry_pythonpath_goes_before_the_inherited_one_kept_whole() {
+    let env = |dirs: &[&str]| PyEnv {
+        python: PathBuf::from("python3"),
+        pythonpath: dirs.iter().map(PathBuf::from).collect(),
+    };
+    let pp = |e: &PyEnv, inherited: Option<&str>| {
+        e.child_pythonpath(inherited.map(Into::into))
+            .map(|v| v.into_string().unwrap())
+    };
+    let ext = env(&["configs/../examples/external_kernel"]);
+    // The GPU machine's case (scripts/gpu_check.sh puts the checkout's backends/jax
+    // before a PYTHONPATH the machine already had): the inherited value holds several
+    // directories. It was dropped whole (join_paths refuses an element holding `:`,
+    // and the fallback was empty), and grpo_jax with it.
+    assert_eq!(
+        pp(&ext, Some("/c/backends/jax:/opt/image")).as_deref(),
+        Some("configs/../examples/external_kernel:/c/backends/jax:/opt/image")
+    );
+    assert_eq!(
+        pp(&ext, Some("/c/backends/jax")).as_deref(),
+        Some("configs/../examples/external_kernel:/c/backends/jax")
+    );
+    assert_eq!(pp(&env(&["/a", "/b"]), None).as_deref(), Some("/a:/b"));
+    assert_eq!(pp(&env(&["/a"]), Some("")).as_deref(), Some("/a"));
+    // No directories of its own: the inherited PYTHONPATH is left as it is.
+    assert_eq!(pp(&env(&[]), Some("/x:/y")), None);
+}
 
 #[test]
 fn shards_keep_each_implementation_whole_and_balance_the_rest() {
