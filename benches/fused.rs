@@ -157,8 +157,12 @@ fn main() {
     println!("== fused LM-head benchmark (pjrt-cpu, fwd+bwd, median of 2 rounds x {runs} runs) ==");
     println!("machine: nproc {nproc}, cpu {}", cpu_model());
     let cfg = Config::parse(CONFIG, "benches/fused.rs").unwrap_or_else(|e| panic!("{e:#}"));
-    let backend = PjrtExec::cpu(cfg.backends.get::<grpo_conformance::backends::pjrt::PjrtCpuConfig>("pjrt-cpu").expect("pjrt-cpu config"))
-        .unwrap_or_else(|e| panic!("pjrt-cpu must be available (run scripts/setup.sh): {e:#}"));
+    let backend = PjrtExec::cpu(
+        cfg.backends
+            .get::<grpo_conformance::backends::pjrt::PjrtCpuConfig>("pjrt-cpu")
+            .expect("pjrt-cpu config"),
+    )
+    .unwrap_or_else(|e| panic!("pjrt-cpu must be available (run scripts/setup.sh): {e:#}"));
     let case = |[b, t, h, v]: [usize; 4]| {
         parse_fixed(&format!("level: fused, b: {b}, t: {t}, h: {h}, v: {v}, dtype: {dtype}, beta: 0.04, epsilon_high: 0.28"))
             .unwrap_or_else(|e| panic!("{e:#}"))

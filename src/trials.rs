@@ -343,7 +343,12 @@ impl Plan {
                 }
             }
         }
-        for (b, list) in config.backends.exported_lists().into_iter().filter(|_| own_matrix) {
+        for (b, list) in config
+            .backends
+            .exported_lists()
+            .into_iter()
+            .filter(|_| own_matrix)
+        {
             for c in crate::config::enabled(list) {
                 if let Some(g) = c.speed_cases.as_deref().filter(|g| {
                     !matrix

@@ -20,8 +20,8 @@ pub mod reference;
 pub mod registry;
 
 pub use outcome::{Outcome, Refusal};
-pub use registry::{BackendKind, BackendsConfig, Section};
 pub use reference::{Mutation, NaiveF32, ReferenceBackend, ReferenceConfig};
+pub use registry::{BackendKind, BackendsConfig, Section};
 
 use crate::cases::Case;
 use crate::inputs::Inputs;

@@ -125,7 +125,12 @@ pub fn kind(name: &str) -> Option<BackendKind> {
 
 /// Every registered section name, in registration order.
 pub fn sections() -> Vec<&'static str> {
-    registry().read().unwrap().iter().map(|k| k.section).collect()
+    registry()
+        .read()
+        .unwrap()
+        .iter()
+        .map(|k| k.section)
+        .collect()
 }
 
 /// Each backend section of a configuration, by name, in config order.

@@ -95,7 +95,8 @@ pub fn run(matrix: &Matrix, args: BenchArgs) -> Result<()> {
             args.case
         );
     }
-    let (ready, missing) = grpo_conformance::backends::available(&config.backends, config.export_timeout_s);
+    let (ready, missing) =
+        grpo_conformance::backends::available(&config.backends, config.export_timeout_s);
     let backend: Arc<dyn Backend> = match ready.into_iter().find(|b| b.name() == args.backend) {
         Some(b) => b,
         None => match missing.iter().find(|u| u.name == args.backend) {

@@ -304,4 +304,3 @@ pub fn enabled(list: &[ImplEntry]) -> Vec<ImplConfig> {
         .filter(|c| c.enabled)
         .collect()
 }
-

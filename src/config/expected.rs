@@ -1,13 +1,17 @@
 //! Expected failures: the entries a configuration lists, what trials each covers, the
 //! figure each states, and their checks.
 
-use crate::backends::BackendsConfig;
 use super::entry::glob_match;
+use crate::backends::BackendsConfig;
 use anyhow::{bail, Result};
 use serde::Deserialize;
 
 /// Checks expected-failure entries: each has a reason, and names a configured backend.
-pub(super) fn check_expected(origin: &str, backends: &BackendsConfig, list: &[ExpectedFailure]) -> Result<()> {
+pub(super) fn check_expected(
+    origin: &str,
+    backends: &BackendsConfig,
+    list: &[ExpectedFailure],
+) -> Result<()> {
     for (k, e) in list.iter().enumerate() {
         if e.reason.trim().is_empty() {
             bail!(
@@ -155,4 +159,3 @@ impl ExpectedFailure {
         )
     }
 }
-

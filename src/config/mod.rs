@@ -32,8 +32,8 @@ pub use entry::{
 pub use expected::{ExpectedFailure, ExpectedKind};
 
 use crate::backends::registry::{BackendsConfig, RawBackends};
-use expected::check_expected;
 use anyhow::{anyhow, bail, Context, Result};
+use expected::check_expected;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -116,7 +116,6 @@ fn check_timeouts(origin: &str, trial: Option<u64>, export: Option<u64>) -> Resu
     }
     Ok(())
 }
-
 
 fn default_repeats() -> usize {
     3

@@ -149,7 +149,11 @@ impl TpuAotConfig {
     pub fn implementations_for(&self, topology: &str) -> Vec<ImplConfig> {
         enabled(&self.implementations)
             .into_iter()
-            .filter(|c| c.topologies.as_ref().is_none_or(|ts| ts.iter().any(|t| t == topology)))
+            .filter(|c| {
+                c.topologies
+                    .as_ref()
+                    .is_none_or(|ts| ts.iter().any(|t| t == topology))
+            })
             .collect()
     }
 }

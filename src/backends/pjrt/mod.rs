@@ -124,7 +124,12 @@ mod sections {
         fn backend_names(&self, section: &str) -> Vec<String> {
             vec![section.to_string()]
         }
-        fn open(&self, section: &str, ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+        fn open(
+            &self,
+            section: &str,
+            ok: &mut Vec<Arc<dyn Backend>>,
+            missing: &mut Vec<Unavailable>,
+        ) {
             #[cfg(feature = "pjrt")]
             push(
                 section.into(),
@@ -155,7 +160,12 @@ mod sections {
                 .map(|t| self.implementations_for(t))
                 .unwrap_or_default()
         }
-        fn open(&self, section: &str, ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+        fn open(
+            &self,
+            section: &str,
+            ok: &mut Vec<Arc<dyn Backend>>,
+            missing: &mut Vec<Unavailable>,
+        ) {
             #[cfg(feature = "pjrt")]
             {
                 let _ = section;
@@ -212,7 +222,12 @@ mod sections {
         fn backend_names(&self, section: &str) -> Vec<String> {
             vec![section.to_string()]
         }
-        fn open(&self, section: &str, ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+        fn open(
+            &self,
+            section: &str,
+            ok: &mut Vec<Arc<dyn Backend>>,
+            missing: &mut Vec<Unavailable>,
+        ) {
             open_device(&self.0, section, true, ok, missing)
         }
     }
@@ -225,7 +240,12 @@ mod sections {
         fn backend_names(&self, section: &str) -> Vec<String> {
             vec![section.to_string()]
         }
-        fn open(&self, section: &str, ok: &mut Vec<Arc<dyn Backend>>, missing: &mut Vec<Unavailable>) {
+        fn open(
+            &self,
+            section: &str,
+            ok: &mut Vec<Arc<dyn Backend>>,
+            missing: &mut Vec<Unavailable>,
+        ) {
             open_device(&self.0, section, false, ok, missing)
         }
     }

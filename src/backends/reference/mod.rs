@@ -33,7 +33,12 @@ pub const IMPLEMENTATIONS: [&str; 2] = ["oracle", "naive_f32"];
 impl ReferenceConfig {
     /// Unique names, known ids, no options.
     pub fn validate(&self, origin: &str) -> anyhow::Result<()> {
-        crate::config::entry::check_implementations(origin, "reference", &[], &self.implementations)?;
+        crate::config::entry::check_implementations(
+            origin,
+            "reference",
+            &[],
+            &self.implementations,
+        )?;
         for e in &self.implementations {
             let c = e.resolved();
             if !IMPLEMENTATIONS.contains(&c.id.as_str()) && naive(&c.id).is_none() {

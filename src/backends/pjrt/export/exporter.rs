@@ -5,8 +5,8 @@ use super::batch::{export_batch, Exported};
 use super::manifest::{ImplInfo, Manifest};
 use super::process::exporter_failure;
 use super::pyenv::{check_python, PyEnv};
-use crate::cases::Case;
 use crate::backends::Refusal;
+use crate::cases::Case;
 use crate::config::entry::ImplConfig;
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
@@ -41,7 +41,9 @@ pub fn entry<'a>(
     name: &str,
 ) -> Result<&'a ImplConfig, Refusal> {
     find(impls, name).ok_or_else(|| {
-        Refusal::Unsupported(format!("{backend} has no implementation `{name}` configured"))
+        Refusal::Unsupported(format!(
+            "{backend} has no implementation `{name}` configured"
+        ))
     })
 }
 

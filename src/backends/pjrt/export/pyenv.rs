@@ -62,7 +62,6 @@ impl PyEnv {
         Some(value)
     }
 
-
     /// The interpreter, and the pythonpath if any, as messages name this environment.
     pub(super) fn describe(&self) -> String {
         if self.pythonpath.is_empty() {

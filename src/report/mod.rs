@@ -3,15 +3,22 @@
 //! the verdict matrix (cases × implementations, failing cases first), time against problem
 //! size per implementation, compiled peak over floor per implementation and topology,
 //! each output's error as a fraction of its gate's bound, the derived roofline of TPU
-//! trials and a sweep's plot ([`crate::report_speed`]), and the comparison with a
-//! baseline run.
+//! trials and a sweep's plot ([`speed`]), the time–memory front ([`front`]), the
+//! trajectories ([`trajectory`]), and the comparison with a baseline run. The plots drawn
+//! with plotters share their setup (`chart`).
 
 use crate::compare::{self, Comparison, Run};
 use crate::runner::{TrialKind, TrialOutcome, Verdict};
+use crate::trials::Tally;
 use anyhow::{Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+mod chart;
+pub mod front;
+pub mod speed;
+pub mod trajectory;
 
 const COLORS: [&str; 10] = [
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
@@ -306,6 +313,56 @@ fn xla_cpu_text(run: &Run, sep: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The tally as the header states it: `N passed, N failed, N errors, N ignored` and
+/// `N expected failures, N unexpected passes`.
+fn tally_text(t: &Tally) -> (String, String) {
+    (
+        format!(
+            "{} passed, {} failed, {} errors, {} ignored",
+            t.passed, t.failed, t.errors, t.ignored
+        ),
+        format!(
+            "{} expected failures, {} unexpected passes, {} stale",
+            t.expected_fail, t.unexpected_pass, t.stale
+        ),
+    )
+}
+
+/// A Markdown section `## TITLE (N)` with a table of the N `rows` under `head`, the first
+/// column as code; nothing without rows.
+fn md_table<const C: usize>(md: &mut String, title: &str, head: [&str; C], rows: &[[String; C]]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = write!(
+        md,
+        "\n## {title} ({})\n\n| {} |\n|{}\n",
+        rows.len(),
+        head.join(" | "),
+        " --- |".repeat(C)
+    );
+    for r in rows {
+        let _ = writeln!(md, "| `{}` | {} |", r[0], r[1..].join(" | "));
+    }
+}
+
+/// An HTML section: `head`, then what `part` writes for each item in order; `None`
+/// without items.
+pub(crate) fn html_section<K, V>(
+    head: &str,
+    items: &BTreeMap<K, V>,
+    mut part: impl FnMut(&mut String, &K, &V),
+) -> Option<String> {
+    if items.is_empty() {
+        return None;
+    }
+    let mut html = String::from(head);
+    for (k, v) in items {
+        part(&mut html, k, v);
+    }
+    Some(html)
+}
+
 /// Writes `report.html` and `report.md` under `out`.
 pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Written> {
     let run = compare::load(run_path)?;
@@ -322,7 +379,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     };
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let trials: Vec<&TrialOutcome> = run.trials.values().collect();
-    let tally = crate::trials::Tally::of(trials.iter().copied());
+    let tally = Tally::of(trials.iter().copied());
     let runs: Vec<&TrialOutcome> = trials
         .iter()
         .copied()
@@ -435,21 +492,15 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     );
 
     // Markdown.
+    let (counts, expected) = tally_text(&tally);
     let mut md = format!(
-        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}{}.\n\n**{} passed, {} failed, {} errors, {} ignored, {} expected failures, {} unexpected passes, {} stale** ({} trials; {} not applicable).\n\n",
+        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}{}.\n\n**{counts}, {expected}** ({} trials; {} not applicable).\n\n",
         run_path.display(),
         run.suite,
         run.oracle_version,
         run.generator_version,
         run.tol_scale,
         xla_cpu_text(&run, ", "),
-        tally.passed,
-        tally.failed,
-        tally.errors,
-        tally.ignored,
-        tally.expected_fail,
-        tally.unexpected_pass,
-        tally.stale,
         trials.len(),
         tally.not_applicable
     );
@@ -474,28 +525,37 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
             of(&|v| matches!(v, Verdict::Ignored(_)))
         );
     }
-    let speed = crate::report_speed::rows(&trials);
-    if !speed.is_empty() {
-        let _ = write!(md, "\n## Speed: derived roofline per device ({})\n\n| case | trial | generation | roofline | bound | matmuls / passes | × jax_baseline | measured / roofline | verdict |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n", speed.len());
-        for r in &speed {
-            let _ = writeln!(
-                md,
-                "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} |",
-                r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8]
-            );
-        }
-    }
+    let speed = speed::rows(&trials);
+    md_table(
+        &mut md,
+        "Speed: derived roofline per device",
+        [
+            "case",
+            "trial",
+            "generation",
+            "roofline",
+            "bound",
+            "matmuls / passes",
+            "× jax_baseline",
+            "measured / roofline",
+            "verdict",
+        ],
+        &speed,
+    );
     let multi = multi_device_rows(&runs);
-    if !multi.is_empty() {
-        let _ = write!(md, "\n## Multi-device trials ({})\n\n| case | trial | verdict | peak/floor per chip | collectives (bytes per device) | vs 1 device |\n| --- | --- | --- | --- | --- | --- |\n", multi.len());
-        for r in &multi {
-            let _ = writeln!(
-                md,
-                "| `{}` | {} | {} | {} | {} | {} |",
-                r[0], r[1], r[2], r[3], r[4], r[5]
-            );
-        }
-    }
+    md_table(
+        &mut md,
+        "Multi-device trials",
+        [
+            "case",
+            "trial",
+            "verdict",
+            "peak/floor per chip",
+            "collectives (bytes per device)",
+            "vs 1 device",
+        ],
+        &multi,
+    );
     let bad: Vec<&&TrialOutcome> = trials.iter().filter(|o| !o.verdict.is_ok()).collect();
     let _ = write!(md, "\n## Not passing ({})\n\n", bad.len());
     for o in &bad {
@@ -516,19 +576,13 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     let mut html = String::from("<!doctype html><html><head><meta charset=\"utf-8\"><title>grpo-conformance report</title><style>body{font-family:sans-serif;margin:24px;max-width:1400px}table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}th{background:#f5f5f5;position:sticky;top:0}.m td{text-align:center}.m td.case{text-align:left;font-family:monospace}h2{margin-top:32px}</style></head><body>");
     let _ = write!(
         html,
-        "<h1>grpo-conformance report</h1><p>{} · suite <b>{}</b> · oracle v{} · generator v{} · tolerance scale {}{}</p><p style=\"font-size:18px\"><b>{} passed, {} failed, {} errors, {} ignored</b>, {} expected failures, {} unexpected passes ({} trials)</p>",
+        "<h1>grpo-conformance report</h1><p>{} · suite <b>{}</b> · oracle v{} · generator v{} · tolerance scale {}{}</p><p style=\"font-size:18px\"><b>{counts}</b>, {expected} ({} trials)</p>",
         esc(&run_path.display().to_string()),
         esc(&run.suite),
         run.oracle_version,
         run.generator_version,
         run.tol_scale,
         esc(&xla_cpu_text(&run, " · ")),
-        tally.passed,
-        tally.failed,
-        tally.errors,
-        tally.ignored,
-        tally.expected_fail,
-        tally.unexpected_pass,
         trials.len()
     );
     if let Some((_, c)) = &cmp {
@@ -563,13 +617,13 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
             "<h2>Plots</h2>{time_svg}<br>{mem_svg}<br>{margin_svg}"
         );
     }
-    if let Some(t) = crate::report_trajectory::section(&trials) {
+    if let Some(t) = trajectory::section(&trials) {
         html.push_str(&t);
     }
-    if let Some(front) = crate::report_front::section(&trials) {
+    if let Some(front) = front::section(&trials) {
         html.push_str(&front);
     }
-    if let Some(svg) = crate::report_speed::sweep_svg(&trials) {
+    if let Some(svg) = speed::sweep_svg(&trials) {
         let _ = write!(html, "<h2>Sweep</h2>{svg}");
     }
     if !speed.is_empty() {

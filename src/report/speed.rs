@@ -3,6 +3,7 @@
 //! passes, ratio to jax_baseline, measured/roofline on chips) and, for `grpo-suite sweep`
 //! records, a plot of roofline time against option set per generation (plotters, SVG).
 
+use super::chart::{self, Frame, Legend};
 use crate::cost::roofline::human_time;
 use crate::runner::{TrialKind, TrialOutcome, Verdict};
 use plotters::prelude::*;
@@ -57,19 +58,6 @@ pub fn rows(trials: &[&TrialOutcome]) -> Vec<[String; 9]> {
         .collect()
 }
 
-/// The series labels of a plot, upper right on a light box (the sweep and the front).
-pub(crate) fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
-    chart: &mut ChartContext<'a, DB, CT>,
-) -> Option<()> {
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .ok()
-}
-
 /// The sweep plot: roofline time (log axis) against option set, one series per topology,
 /// jax_baseline's roofline dashed in the same colour. `None` without sweep records.
 pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
@@ -96,69 +84,70 @@ pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
     if times.is_empty() {
         return Some("<p>The sweep compiled no option set: nothing to plot.</p>".into());
     }
-    let mut svg = String::new();
-    {
-        let width = (140 + 60 * sets.len() as u32).clamp(700, 1400);
-        let root = SVGBackend::with_string(&mut svg, (width, 460)).into_drawing_area();
-        root.fill(&WHITE).ok()?;
-        let title = format!(
-            "Roofline time per option set of {} (sweep, per device)",
-            sets[0].split('@').next().unwrap_or("")
-        );
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 16))
-            .margin(12)
-            .x_label_area_size(45)
-            .y_label_area_size(70)
-            .build_cartesian_2d((0..sets.len()).into_segmented(), 0.0..(hi * 1.15))
-            .ok()?;
-        chart
-            .configure_mesh()
-            .x_labels(sets.len())
-            .x_label_formatter(&|v| match v {
-                SegmentValue::CenterOf(i) if *i < sets.len() => format!("#{}", i + 1),
-                _ => String::new(),
-            })
-            .y_desc("roofline time (ms)")
-            .x_desc("option set (numbered below)")
-            .draw()
-            .ok()?;
-        for (k, b) in backends.iter().enumerate() {
-            let color = Palette99::pick(k).to_rgba();
-            let pts: Vec<(SegmentValue<usize>, f64)> = sets
-                .iter()
-                .enumerate()
-                .filter_map(|(i, s)| {
-                    let o = sweep
-                        .iter()
-                        .find(|o| o.backend == *b && &o.implementation == s)?;
-                    Some((SegmentValue::CenterOf(i), o.roofline.as_ref()?.time_s * 1e3))
+    let width = (140 + 60 * sets.len() as u32).clamp(700, 1400);
+    let frame = Frame {
+        size: (width, 460),
+        caption: 16,
+        margin: 12,
+        x_labels: 45,
+        y_labels: 70,
+    };
+    let title = format!(
+        "Roofline time per option set of {} (sweep, per device)",
+        sets[0].split('@').next().unwrap_or("")
+    );
+    let x = (0..sets.len()).into_segmented();
+    let svg = chart::svg(
+        frame,
+        &title,
+        x,
+        0.0..(hi * 1.15),
+        Legend::UpperRight,
+        |chart| {
+            chart::axes(chart, "option set (numbered below)", "roofline time (ms)")
+                .x_labels(sets.len())
+                .x_label_formatter(&|v| match v {
+                    SegmentValue::CenterOf(i) if *i < sets.len() => format!("#{}", i + 1),
+                    _ => String::new(),
                 })
-                .collect();
-            let name = b.strip_prefix("tpu-aot-").unwrap_or(b).to_string();
-            chart
-                .draw_series(
-                    pts.iter()
-                        .map(|p| Circle::new(p.clone(), 4, color.filled())),
-                )
-                .ok()?
-                .label(name)
-                .legend(move |(x, y)| Circle::new((x + 8, y), 4, color.filled()));
-            if let Some(base) = sweep
-                .iter()
-                .find(|o| o.backend == *b && o.implementation == crate::cost::speed::BASELINE)
-                .and_then(|o| o.roofline.as_ref())
-            {
-                let t = base.time_s * 1e3;
-                let line = vec![(SegmentValue::Exact(0), t), (SegmentValue::Last, t)];
+                .draw()
+                .ok()?;
+            for (k, b) in backends.iter().enumerate() {
+                let color = Palette99::pick(k).to_rgba();
+                let pts: Vec<(SegmentValue<usize>, f64)> = sets
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| {
+                        let o = sweep
+                            .iter()
+                            .find(|o| o.backend == *b && &o.implementation == s)?;
+                        Some((SegmentValue::CenterOf(i), o.roofline.as_ref()?.time_s * 1e3))
+                    })
+                    .collect();
+                let name = b.strip_prefix("tpu-aot-").unwrap_or(b).to_string();
                 chart
-                    .draw_series(DashedLineSeries::new(line, 6, 4, color.stroke_width(1)))
-                    .ok()?;
+                    .draw_series(
+                        pts.iter()
+                            .map(|p| Circle::new(p.clone(), 4, color.filled())),
+                    )
+                    .ok()?
+                    .label(name)
+                    .legend(chart::dot_key(color, 4));
+                if let Some(base) = sweep
+                    .iter()
+                    .find(|o| o.backend == *b && o.implementation == crate::cost::speed::BASELINE)
+                    .and_then(|o| o.roofline.as_ref())
+                {
+                    let t = base.time_s * 1e3;
+                    let line = vec![(SegmentValue::Exact(0), t), (SegmentValue::Last, t)];
+                    chart
+                        .draw_series(DashedLineSeries::new(line, 6, 4, color.stroke_width(1)))
+                        .ok()?;
+                }
             }
-        }
-        legend(&mut chart)?;
-        root.present().ok()?;
-    }
+            Some(())
+        },
+    )?;
     let failed = sweep
         .iter()
         .filter(|o| {

@@ -5,6 +5,7 @@
 //! same figures as a table. Only compiler figures for a TPU count (a `libtpu` memory
 //! source and a derived roofline): XLA:CPU's peak is its floor and says nothing.
 
+use super::chart::{self, Frame, Legend};
 use crate::cost::speed::BASELINE;
 use crate::runner::TrialOutcome;
 use plotters::prelude::*;
@@ -82,15 +83,13 @@ pub fn points(trials: &[&TrialOutcome]) -> BTreeMap<String, Vec<Point>> {
     by_case
 }
 
+/// The front section's heading and what it shows.
+const HEAD: &str = "<h2>Time–memory front</h2><p>Per device, deviceless TPU compiles: peak HBM over the floor (arguments + outputs) against the derived roofline over jax_baseline's on the same generation; lower left is better, jax_baseline sits at 1 on the x axis.</p>";
+
 /// The front's HTML section (one plot and table per case), `None` when no case has
 /// jax_baseline and another implementation placed.
 pub fn section(trials: &[&TrialOutcome]) -> Option<String> {
-    let cases = points(trials);
-    if cases.is_empty() {
-        return None;
-    }
-    let mut html = String::from("<h2>Time–memory front</h2><p>Per device, deviceless TPU compiles: peak HBM over the floor (arguments + outputs) against the derived roofline over jax_baseline's on the same generation; lower left is better, jax_baseline sits at 1 on the x axis.</p>");
-    for (case, pts) in &cases {
+    super::html_section(HEAD, &points(trials), |html, case, pts| {
         html.push_str(&format!(
             "<h3><code>{}</code></h3>",
             crate::report::esc_html(case)
@@ -106,69 +105,68 @@ pub fn section(trials: &[&TrialOutcome]) -> Option<String> {
             ));
         }
         html.push_str("</table>");
-    }
-    Some(html)
+    })
 }
 
+/// The front's plot at `case`: a point per implementation and option set, a colour per
+/// generation, jax_baseline's time and the floor dashed.
 fn svg(case: &str, pts: &[Point]) -> Option<String> {
     let xmax = pts.iter().fold(1.0f64, |a, p| a.max(p.2)) * 1.15;
     let ymax = pts.iter().fold(1.0f64, |a, p| a.max(p.3)) * 1.15;
     let backends: BTreeSet<&str> = pts.iter().map(|p| p.0.as_str()).collect();
-    let mut out = String::new();
-    {
-        let root = SVGBackend::with_string(&mut out, (900, 560)).into_drawing_area();
-        root.fill(&WHITE).ok()?;
-        let short: String = case.split('/').take(3).collect::<Vec<_>>().join("/");
-        let mut chart = ChartBuilder::on(&root)
-            .caption(format!("Time–memory front at {short}"), ("sans-serif", 16))
-            .margin(14)
-            .x_label_area_size(45)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0.0..xmax, 0.0..ymax)
-            .ok()?;
-        chart
-            .configure_mesh()
-            .x_desc("roofline / jax_baseline's roofline")
-            .y_desc("peak HBM / floor")
+    let short: String = case.split('/').take(3).collect::<Vec<_>>().join("/");
+    let frame = Frame {
+        size: (900, 560),
+        caption: 16,
+        margin: 14,
+        x_labels: 45,
+        y_labels: 60,
+    };
+    let title = format!("Time–memory front at {short}");
+    chart::svg(
+        frame,
+        &title,
+        0.0..xmax,
+        0.0..ymax,
+        Legend::UpperRight,
+        |chart| {
+            chart::axes(
+                chart,
+                "roofline / jax_baseline's roofline",
+                "peak HBM / floor",
+            )
             .draw()
             .ok()?;
-        chart
-            .draw_series(DashedLineSeries::new(
-                vec![(1.0, 0.0), (1.0, ymax)],
-                6,
-                4,
-                BLACK.mix(0.4).stroke_width(1),
-            ))
-            .ok()?;
-        chart
-            .draw_series(DashedLineSeries::new(
-                vec![(0.0, 1.0), (xmax, 1.0)],
-                6,
-                4,
-                BLACK.mix(0.4).stroke_width(1),
-            ))
-            .ok()?;
-        for (k, b) in backends.iter().enumerate() {
-            let color = Palette99::pick(k).to_rgba();
-            let mine: Vec<&Point> = pts.iter().filter(|p| p.0 == *b).collect();
-            chart
-                .draw_series(mine.iter().map(|p| {
-                    EmptyElement::at((p.2, p.3))
-                        + Circle::new((0, 0), 5, color.filled())
-                        + Text::new(
-                            p.1.clone(),
-                            (7, -4),
-                            ("sans-serif", 11).into_font().color(&color),
-                        )
-                }))
-                .ok()?
-                .label(b.strip_prefix("tpu-aot-").unwrap_or(b).to_string())
-                .legend(move |(x, y)| Circle::new((x + 8, y), 5, color.filled()));
-        }
-        crate::report_speed::legend(&mut chart)?;
-        root.present().ok()?;
-    }
-    Some(out)
+            for line in [vec![(1.0, 0.0), (1.0, ymax)], vec![(0.0, 1.0), (xmax, 1.0)]] {
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        line,
+                        6,
+                        4,
+                        BLACK.mix(0.4).stroke_width(1),
+                    ))
+                    .ok()?;
+            }
+            for (k, b) in backends.iter().enumerate() {
+                let color = Palette99::pick(k).to_rgba();
+                let mine: Vec<&Point> = pts.iter().filter(|p| p.0 == *b).collect();
+                chart
+                    .draw_series(mine.iter().map(|p| {
+                        EmptyElement::at((p.2, p.3))
+                            + Circle::new((0, 0), 5, color.filled())
+                            + Text::new(
+                                p.1.clone(),
+                                (7, -4),
+                                ("sans-serif", 11).into_font().color(&color),
+                            )
+                    }))
+                    .ok()?
+                    .label(b.strip_prefix("tpu-aot-").unwrap_or(b).to_string())
+                    .legend(chart::dot_key(color, 5));
+            }
+            Some(())
+        },
+    )
 }
 
 #[cfg(test)]
