@@ -3,7 +3,7 @@
 
 use crate::gates::GateReport;
 use crate::judge::memory::BudgetReport;
-use crate::judge::{Reason, Verdict};
+use crate::judge::verdict::{Reason, Verdict};
 use crate::spec::OutputName;
 use serde::{Deserialize, Serialize};
 

@@ -95,7 +95,7 @@ struct Group {
     cases: Vec<Axes>,
     /// Trajectory trials of every case of the group (docs/trajectory.md).
     #[serde(default)]
-    trajectories: Vec<crate::trajectory::TrajectorySpec>,
+    trajectories: Vec<super::trajectory::TrajectorySpec>,
 }
 
 /// Every case of a set of YAML files, sorted by id, ids unique.

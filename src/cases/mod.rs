@@ -4,6 +4,7 @@ mod axes;
 mod load;
 mod profiles;
 mod sources;
+pub mod trajectory;
 
 pub use axes::{Axes, Maybe, OneOrMany};
 pub use load::{load_dir, load_dirs, load_file, parse, parse_fixed, Matrix, Suite};
@@ -66,7 +67,7 @@ pub struct Case {
     pub origin: String,
     /// Trajectory trials of the case (docs/trajectory.md); empty for most cases.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub trajectories: Vec<crate::trajectory::TrajectorySpec>,
+    pub trajectories: Vec<trajectory::TrajectorySpec>,
 }
 
 fn num(x: f64) -> String {

@@ -18,7 +18,7 @@
 pub mod expected;
 pub mod figure;
 pub mod memory;
-mod verdict;
+pub mod verdict;
 
 pub use verdict::{Reason, Verdict};
 

@@ -15,15 +15,15 @@
 pub mod exact;
 pub mod loss_fns;
 pub mod optimizer;
+pub mod point;
 pub mod problem;
 pub mod run;
-pub mod spec;
 pub mod verdict;
 
+pub use crate::cases::trajectory::{Optimizer, TrajectorySpec};
 pub use loss_fns::{BackendFused, HostLogits, LogitsFn, LossFn};
 pub use problem::Problem;
 pub use run::StepPoint;
-pub use spec::{Optimizer, TrajectorySpec};
 pub use verdict::Judgement;
 
 use serde::{Deserialize, Serialize};

@@ -1,7 +1,7 @@
 //! The host optimizers of a trajectory, in the precision of the loop that runs them: f32
 //! state for the implementation and the plain-f32 reference, f64 for the exact loop.
 
-use super::spec::Optimizer;
+use crate::cases::trajectory::Optimizer;
 
 /// The arithmetic an optimizer needs (f32 and f64).
 pub trait Real: Copy + Send + Sync + 'static {

@@ -4,7 +4,7 @@
 //! reference log-probabilities. Every value is a pure function of the case's data id and
 //! the round, so every implementation's trajectory sees the same problem.
 
-use super::spec::TrajectorySpec;
+use crate::cases::trajectory::TrajectorySpec;
 use crate::cases::Case;
 use crate::inputs::rng::Stream;
 use crate::inputs::Inputs;

@@ -255,7 +255,10 @@ fn a_step_count_beyond_memory_is_refused_at_load_with_the_estimate() {
     let case = smoke_case("f32");
     let mut spec = spec_of(&case, Optimizer::Sgd);
     spec.validate(&case).unwrap();
-    assert_eq!(spec::memory_estimate(2000), 2 * spec::memory_estimate(1000));
+    assert_eq!(
+        crate::cases::trajectory::memory_estimate(2000),
+        2 * crate::cases::trajectory::memory_estimate(1000)
+    );
     spec.steps = 1_000_000_000_000;
     let e = spec.validate(&case).unwrap_err();
     assert!(

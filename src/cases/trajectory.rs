@@ -58,10 +58,10 @@ fn default_iterations() -> usize {
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// Host bytes a trajectory of `steps` keeps until its record is written: per step its
-/// [`StepPoint`](super::run::StepPoint), the gate's bound (an f64) and the point's JSON
+/// [`StepPoint`](crate::trajectory::point::StepPoint), the gate's bound (an f64) and the point's JSON
 /// text in the record line (measured on a point with full-length numbers). Saturates.
 pub fn memory_estimate(steps: usize) -> u64 {
-    let p = super::run::StepPoint {
+    let p = crate::trajectory::point::StepPoint {
         step: usize::MAX / 2,
         loss_exact: -0.123_456_789_012_345_67,
         loss_reference: -0.123_456_789_012_345_67,
@@ -75,7 +75,9 @@ pub fn memory_estimate(steps: usize) -> u64 {
         sign_flips: usize::MAX / 2,
     };
     let json = serde_json::to_string(&p).map_or(512, |s| s.len());
-    let per_step = std::mem::size_of::<super::run::StepPoint>() + std::mem::size_of::<f64>() + json;
+    let per_step = std::mem::size_of::<crate::trajectory::point::StepPoint>()
+        + std::mem::size_of::<f64>()
+        + json;
     (steps as u64).saturating_mul(per_step as u64)
 }
 
