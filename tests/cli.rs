@@ -261,7 +261,8 @@ const TAU_CASE: &str =
 
 #[test]
 fn an_expected_failure_that_fails_keeps_the_run_green() {
-    let cfg = "backends:\n  reference: {implementations: [naive_f32+NoTemperatureInGradient]}\nexpected_failures:\n  - {implementation: naive_f32+NoTemperatureInGradient, cases: '*_tau*', reason: 'no 1/tau in dlogits', link: 'tests/cli.rs'}\n";
+    // Without 1/τ the gradient is τ times SPEC's: its relative error is 1 − τ = 0.3.
+    let cfg = "backends:\n  reference: {implementations: [naive_f32+NoTemperatureInGradient]}\nexpected_failures:\n  - {implementation: naive_f32+NoTemperatureInGradient, cases: '*_tau*', reason: 'no 1/tau in dlogits', link: 'tests/cli.rs', expect: {dlogits: 0.3}}\n";
     let (o, _d) = run_with(
         cfg,
         &[
@@ -282,7 +283,7 @@ fn an_expected_failure_that_fails_keeps_the_run_green() {
 
 #[test]
 fn an_expected_failure_that_passes_fails_the_run_with_the_hint() {
-    let cfg = "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, cases: 'logits/f32/*', reason: 'pretend bug'}\n";
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, cases: 'logits/f32/*', reason: 'pretend bug', expect: {dlogits: 1e-3}}\n";
     let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[]);
     assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
@@ -294,7 +295,7 @@ fn an_expected_failure_that_passes_fails_the_run_with_the_hint() {
 
 #[test]
 fn a_stale_expected_failure_is_an_error() {
-    let cfg = "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, cases: 'logits/f64/*', reason: 'gone'}\n";
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, cases: 'logits/f64/*', reason: 'gone', expect: {dlogits: 1e-3}}\n";
     let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
@@ -309,7 +310,7 @@ fn a_stale_expected_failure_is_an_error() {
 /// one that no trajectory trial matches (the reference backend runs none) is stale.
 #[test]
 fn a_trajectory_expected_failure_matches_trajectory_trials_only() {
-    let cfg = "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, kind: trajectory, cases: '*', reason: 'no such trial'}\n";
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, kind: trajectory, cases: '*', reason: 'no such trial', expect: {drift_over_bound: 2}}\n";
     let (o, _d) = run_with(cfg, &["--suite", "ci", "--list"], &[]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
@@ -2152,7 +2153,7 @@ fn every_example_config_loads_and_lists_against_this_suite() {
             "pythonpath: [.]",
             &format!("pythonpath: [{}]", repo_root().join("examples/external_kernel").display()),
         )
-        + "expected_failures:\n  - {implementation: ext_ce, backend: pjrt-cpu, cases: \"fused/f32/no_such_case/*\", reason: r}\n";
+        + "expected_failures:\n  - {implementation: ext_ce, backend: pjrt-cpu, cases: \"fused/f32/no_such_case/*\", reason: r, expect: {dlogits: 1e-3}}\n";
     std::fs::write(&stale, text).unwrap();
     let o = suite(&[
         "run",

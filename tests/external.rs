@@ -595,7 +595,7 @@ fn an_expected_failure_does_not_hide_an_error_unless_it_says_errors() {
             &cfg,
             format!(
                 "backends:\n  pjrt-cpu:\n    implementations:\n      - {{id: 'raiser:IMPL', name: raiser, pythonpath: [bad]}}\n\
-                 expected_failures:\n  - {{implementation: raiser, cases: 'logits/f32/*', reason: 'over its budget', errors: {errors}}}\n"
+                 expected_failures:\n  - {{implementation: raiser, cases: 'logits/f32/*', reason: 'over its budget', errors: {errors}, expect: {{dlogits: 1e-3}}}}\n"
             ),
         )
         .unwrap();

@@ -259,17 +259,23 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
+        // A section's own field: the section and its line.
         assert!(
-            e.contains("c.yaml") && e.contains("plugn") && e.contains("line 5"),
+            e.contains("c.yaml: backends.pjrt-cpu (line 3): unknown field `plugn`"),
             "{e}"
         );
         let e = Config::parse("backends:\n  pjrt-tpuu: {implementations: []}\n", "c.yaml")
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("unknown field `pjrt-tpuu`") && e.contains("line 2"),
+            e.contains("unknown backend `pjrt-tpuu` (line 2)"),
             "{e}"
         );
+        // A top-level typo keeps serde's own line.
+        let e = Config::parse("repeats: 3\nrepets: 4\nbackends: {}\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("repets") && e.contains("line 2"), "{e}");
     }
 
     #[test]
