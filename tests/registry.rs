@@ -80,7 +80,13 @@ impl Backend for Echo {
             false => Err(Refusal::Unsupported(format!("no `{implementation}`"))),
         }
     }
-    fn run(&self, _: &str, case: &Case, inputs: &Inputs, _: &RunOptions) -> anyhow::Result<RunResult> {
+    fn run(
+        &self,
+        _: &str,
+        case: &Case,
+        inputs: &Inputs,
+        _: &RunOptions,
+    ) -> anyhow::Result<RunResult> {
         let mut outputs = grpo_conformance::backends::reference::oracle_outputs(case, inputs);
         if let Some(loss) = outputs.tensors.get_mut(&OutputName::Loss) {
             loss.data[0] += self.off_by;
@@ -130,14 +136,26 @@ fn a_kind_registered_in_a_test_loads_opens_and_is_judged() {
 #[test]
 fn its_section_is_checked_by_its_own_type_and_extends_overlays_it_by_name() {
     registered();
-    let e = Config::parse("backends:\n  echo: {implementations: [copy], of_by: 1}\n", "echo.yaml")
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("backends.echo (line 2): unknown field `of_by`"), "{e}");
-    let e = Config::parse("backends:\n  echo: {implementations: [copy, copy]}\n", "echo.yaml")
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("backend `echo` lists implementation `copy` twice"), "{e}");
+    let e = Config::parse(
+        "backends:\n  echo: {implementations: [copy], of_by: 1}\n",
+        "echo.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("backends.echo (line 2): unknown field `of_by`"),
+        "{e}"
+    );
+    let e = Config::parse(
+        "backends:\n  echo: {implementations: [copy, copy]}\n",
+        "echo.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("backend `echo` lists implementation `copy` twice"),
+        "{e}"
+    );
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("base.yaml"),
@@ -161,7 +179,9 @@ fn an_unregistered_section_is_an_error_naming_the_known_kinds() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("unknown backend `ecko` (line 2)") && e.contains("`echo`") && e.contains("`pjrt-cpu`"),
+        e.contains("unknown backend `ecko` (line 2)")
+            && e.contains("`echo`")
+            && e.contains("`pjrt-cpu`"),
         "{e}"
     );
 }

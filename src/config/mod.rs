@@ -267,10 +267,7 @@ mod tests {
         let e = Config::parse("backends:\n  pjrt-tpuu: {implementations: []}\n", "c.yaml")
             .unwrap_err()
             .to_string();
-        assert!(
-            e.contains("unknown backend `pjrt-tpuu` (line 2)"),
-            "{e}"
-        );
+        assert!(e.contains("unknown backend `pjrt-tpuu` (line 2)"), "{e}");
         // A top-level typo keeps serde's own line.
         let e = Config::parse("repeats: 3\nrepets: 4\nbackends: {}\n", "c.yaml")
             .unwrap_err()
@@ -640,6 +637,54 @@ mod extends_tests {
 
 #[cfg(test)]
 mod shipped {
+    /// Every suffix of an option-set name (`@BLOCKS-suffix-suffix`) in the shipped
+    /// configurations is defined in docs/configs.md's table ("Option-set names").
+    #[test]
+    fn every_option_set_suffix_is_documented() {
+        let root = crate::repo_root();
+        let doc = std::fs::read_to_string(root.join("docs/configs.md")).unwrap();
+        let documented: Vec<&str> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `-"))
+            .filter_map(|l| l.split('`').next())
+            .collect();
+        assert!(documented.len() >= 10, "{documented:?}");
+        let mut files = vec![];
+        for d in [
+            "configs",
+            "examples/external_kernel",
+            "examples/tokamax",
+            "examples/mllm_jax",
+        ] {
+            for e in std::fs::read_dir(root.join(d)).unwrap() {
+                let p = e.unwrap().path();
+                if p.extension().is_some_and(|x| x == "yaml") {
+                    files.push(p);
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            for (i, _) in text.match_indices("name: ") {
+                let name: String = text[i + 6..]
+                    .trim_start_matches(['"', '\''])
+                    .chars()
+                    .take_while(|c| !matches!(c, ',' | '}' | '"' | '\'' | ' ' | '\n'))
+                    .collect();
+                let Some((_, set)) = name.split_once('@') else {
+                    continue;
+                };
+                for suffix in set.split('-').skip(1) {
+                    if !documented.contains(&suffix) {
+                        missing.push(format!("{}: {name}: -{suffix}", f.display()));
+                    }
+                }
+            }
+        }
+        assert!(missing.is_empty(), "undocumented suffixes: {missing:#?}");
+    }
+
     #[test]
     fn every_shipped_config_loads() {
         let dir = crate::repo_root().join("configs");
