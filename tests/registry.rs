@@ -29,9 +29,6 @@ impl Section for EchoConfig {
     fn validate(&self, origin: &str, section: &str) -> anyhow::Result<()> {
         check_implementations(origin, section, &[], &self.implementations)
     }
-    fn backend_names(&self, section: &str) -> Vec<String> {
-        vec![section.to_string()]
-    }
     fn entries(&self) -> &[ImplEntry] {
         &self.implementations
     }

@@ -45,8 +45,11 @@ pub trait Section: std::fmt::Debug + Send + Sync + 'static {
     /// file, the backend and what is wrong.
     fn validate(&self, origin: &str, section: &str) -> Result<()>;
 
-    /// The backends these settings configure (one per `tpu-aot` topology).
-    fn backend_names(&self, section: &str) -> Vec<String>;
+    /// The backends these settings configure (default: one, named as the section; one
+    /// per topology for `tpu-aot`).
+    fn backend_names(&self, section: &str) -> Vec<String> {
+        vec![section.to_string()]
+    }
 
     /// The implementation entries, in config order.
     fn entries(&self) -> &[ImplEntry];

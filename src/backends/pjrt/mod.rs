@@ -121,9 +121,6 @@ mod sections {
         fn validate(&self, origin: &str, _section: &str) -> anyhow::Result<()> {
             PjrtCpuConfig::validate(self, origin)
         }
-        fn backend_names(&self, section: &str) -> Vec<String> {
-            vec![section.to_string()]
-        }
         fn open(
             &self,
             section: &str,
@@ -214,41 +211,29 @@ mod sections {
         without_pjrt(vec![section.to_string()], missing);
     }
 
-    impl Section for PjrtGpuConfig {
-        entries_and_plugin!(.0);
-        fn validate(&self, origin: &str, section: &str) -> anyhow::Result<()> {
-            self.0.validate(origin, section)
-        }
-        fn backend_names(&self, section: &str) -> Vec<String> {
-            vec![section.to_string()]
-        }
-        fn open(
-            &self,
-            section: &str,
-            ok: &mut Vec<Arc<dyn Backend>>,
-            missing: &mut Vec<Unavailable>,
-        ) {
-            open_device(&self.0, section, true, ok, missing)
-        }
+    /// The section of a device plugin's execution backend (`gpu`: pjrt-gpu, else
+    /// pjrt-tpu).
+    macro_rules! device_section {
+        ($t:ty, $gpu:expr) => {
+            impl Section for $t {
+                entries_and_plugin!(.0);
+                fn validate(&self, origin: &str, section: &str) -> anyhow::Result<()> {
+                    self.0.validate(origin, section)
+                }
+                fn open(
+                    &self,
+                    section: &str,
+                    ok: &mut Vec<Arc<dyn Backend>>,
+                    missing: &mut Vec<Unavailable>,
+                ) {
+                    open_device(&self.0, section, $gpu, ok, missing)
+                }
+            }
+        };
     }
 
-    impl Section for PjrtTpuConfig {
-        entries_and_plugin!(.0);
-        fn validate(&self, origin: &str, section: &str) -> anyhow::Result<()> {
-            self.0.validate(origin, section)
-        }
-        fn backend_names(&self, section: &str) -> Vec<String> {
-            vec![section.to_string()]
-        }
-        fn open(
-            &self,
-            section: &str,
-            ok: &mut Vec<Arc<dyn Backend>>,
-            missing: &mut Vec<Unavailable>,
-        ) {
-            open_device(&self.0, section, false, ok, missing)
-        }
-    }
+    device_section!(PjrtGpuConfig, true);
+    device_section!(PjrtTpuConfig, false);
 }
 
 /// The least host memory one trial takes on the CPU plugin before anything is compiled:

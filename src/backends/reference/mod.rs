@@ -153,9 +153,6 @@ impl super::Section for ReferenceConfig {
     fn validate(&self, origin: &str, _section: &str) -> anyhow::Result<()> {
         ReferenceConfig::validate(self, origin)
     }
-    fn backend_names(&self, section: &str) -> Vec<String> {
-        vec![section.to_string()]
-    }
     fn entries(&self) -> &[ImplEntry] {
         &self.implementations
     }
