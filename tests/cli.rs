@@ -281,6 +281,33 @@ fn an_expected_failure_that_fails_keeps_the_run_green() {
     );
 }
 
+/// The same entry with its figure edited (0.3 → 0.2, a one-off move of the expectation):
+/// the trial still fails, but not as the entry states, so the entry is stale and the run
+/// fails, naming both numbers.
+#[test]
+fn an_expected_failure_whose_figure_moved_is_stale_naming_both_numbers() {
+    let cfg = "backends:\n  reference: {implementations: [naive_f32+NoTemperatureInGradient]}\nexpected_failures:\n  - {implementation: naive_f32+NoTemperatureInGradient, cases: '*_tau*', reason: 'no 1/tau in dlogits', expect: {dlogits: 0.2}}\n";
+    let (o, _d) = run_with(
+        cfg,
+        &[
+            "--suite",
+            "ci",
+            "--filter",
+            &format!("reference/naive_f32+NoTemperatureInGradient/{TAU_CASE}"),
+        ],
+        &[],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{}{}", out, stderr(&o));
+    let all = format!("{out}{}", stderr(&o));
+    assert!(
+        all.contains("STALE")
+            && all.contains("dlogits moved: the entry says 0.200, this run measured 0.300"),
+        "{all}"
+    );
+    assert!(out.contains("1 STALE expected failures"), "{out}");
+}
+
 #[test]
 fn an_expected_failure_that_passes_fails_the_run_with_the_hint() {
     let cfg = "backends:\n  reference: {implementations: [oracle]}\nexpected_failures:\n  - {implementation: oracle, cases: 'logits/f32/*', reason: 'pretend bug', expect: {dlogits: 1e-3}}\n";

@@ -128,3 +128,18 @@ def test_manifests_record_jax_baselines_highest_f32_matmuls_and_xla_chunkeds_dec
     assert chunked["declared_precision"] == "matmul_precision: default"
     assert {d["emulated"] for d in chunked["f32_dots"]} == {"bf16"}
     assert _fused("xla_chunked", "f32")["manifest"]["declared_precision"] is None
+
+
+def test_a_declaration_that_names_nothing_is_an_error(tmp_path, monkeypatch):
+    """reduced_precision returning "" or False would excuse every DEFAULT f32 matmul while
+    declaring nothing: the request is an error naming the implementation."""
+    import dataclasses
+    from grpo_jax.impls import registry
+    base = registry.IMPLEMENTATIONS["xla_chunked"]
+    for bad in ("", "  ", False, 0):
+        monkeypatch.setitem(registry.IMPLEMENTATIONS, "xla_chunked",
+                            dataclasses.replace(base, reduced_precision=lambda o, b=bad: b))
+        _fused.cache = tmp_path
+        r = _fused("xla_chunked", "f32")
+        assert r["status"] == "error", r
+        assert "reduced_precision must return None or a non-empty string" in r["message"], r

@@ -116,7 +116,16 @@ class Implementation:
         if self.reduced_precision is None:
             return None
         declared = self.reduced_precision(options)
-        return None if declared is None else str(declared)
+        if declared is None:
+            return None
+        # A declaration names what is reduced: "" or False would read as declared while
+        # saying nothing, and excuse every DEFAULT f32 matmul of the module.
+        if not isinstance(declared, str) or not declared.strip():
+            raise RequestError(
+                f"{self.id}: reduced_precision must return None or a non-empty string "
+                f"naming the reduced precision (e.g. \"matmul_precision: default\"), "
+                f"got {declared!r}")
+        return declared
 
     def resolve_options(self, options: Mapping[str, Any]) -> dict:
         """Defaults merged with the request's ``impl_options``; unknown keys are errors."""
