@@ -58,7 +58,7 @@ pub fn rows(trials: &[&TrialOutcome]) -> Vec<[String; 9]> {
         .collect()
 }
 
-/// The sweep plot: roofline time (log axis) against option set, one series per topology,
+/// The sweep plot: roofline time (linear axis) against option set, one series per topology,
 /// jax_baseline's roofline dashed in the same colour. `None` without sweep records.
 pub fn sweep_svg(trials: &[&TrialOutcome]) -> Option<String> {
     let sweep: Vec<&&TrialOutcome> = trials
