@@ -209,7 +209,7 @@ fn run_writes_one_jsonl_record_per_trial_and_a_table() {
     );
     for l in lines.iter().filter(|l| l["kind"] == "run") {
         assert!(
-            ["pass", "ignored"].contains(&l["verdict"].as_str().unwrap()),
+            ["pass", "ignored", "not_applicable"].contains(&l["verdict"].as_str().unwrap()),
             "{l}"
         );
         assert_eq!(l["tol_scale"], 1.0);
@@ -226,7 +226,10 @@ fn run_writes_one_jsonl_record_per_trial_and_a_table() {
         }
     }
     // naive_f32 on fused cases: recorded, but neither a row of the table nor an ignored trial.
-    let na = lines.iter().filter(|l| l["verdict"] == "ignored").count();
+    let na = lines
+        .iter()
+        .filter(|l| l["verdict"] == "not_applicable")
+        .count();
     assert!(na > 0);
     assert!(!out.contains("not applicable: level"), "{out}");
     assert!(
@@ -1284,7 +1287,7 @@ fn a_malformed_implementation_entry_names_the_entry_and_the_accepted_forms() {
         assert_eq!(o.status.code(), Some(2), "{entry}: {e}");
         assert_eq!(e.trim().lines().count(), 1, "{entry}: {e}");
         assert!(
-            e.contains("implementations: entry [1]: ")
+            e.contains("backends.reference (line 2): entry [1]: ")
                 && e.contains(want)
                 && e.contains("an id (`- oracle`) or a mapping with an `id`")
                 && !e.contains("untagged"),
@@ -1479,8 +1482,21 @@ fn an_implementation_case_glob_selects_its_cases() {
     let (o, _d) = run_with(cfg, &["--suite", "ci", "--list"], &[]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
-    assert!(e.contains("c.yaml: backend `reference`, implementation `naive_f32`: cases \"*_tua*\" matches no case"), "{e}");
+    assert!(e.contains("c.yaml: backend `reference`, implementation `naive_f32`: cases \"*_tua*\" selects no case"), "{e}");
     assert_eq!(e.trim().lines().count(), 1, "{e}");
+    // A negated glob that leaves no case runs nothing: the same error (accepted before).
+    for glob in ["!*", "!*_tau*|*"] {
+        let cfg = format!(
+            "backends:\n  reference: {{implementations: [oracle, {{id: naive_f32, cases: '{glob}'}}]}}\n"
+        );
+        let (o, _d) = run_with(&cfg, &["--suite", "ci", "--list"], &[]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{glob}: {e}");
+        assert!(
+            e.contains(&format!("cases \"{glob}\" selects no case")),
+            "{e}"
+        );
+    }
 }
 
 /// `grpo-suite sweep` end to end on a small shape: every option set of the space compiled
