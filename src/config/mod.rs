@@ -87,7 +87,8 @@ pub struct Config {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Extension {
-    extends: PathBuf,
+    #[serde(default)]
+    extends: Option<PathBuf>,
     repeats: Option<usize>,
     warmup: Option<usize>,
     trial_timeout_s: Option<u64>,
@@ -100,10 +101,11 @@ struct Extension {
 
 /// Whether YAML `text` has `key` at the top level (a line starting `key:`).
 fn top_level_key(text: &str, key: &str) -> bool {
-    text.lines().any(|l| {
-        l.strip_prefix(key)
-            .is_some_and(|r| r.trim_start().starts_with(':'))
-    })
+    // Read as YAML, so a quoted (`"extends": …`) or flow-style (`{extends: …}`) key counts.
+    serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text)
+        .ok()
+        .and_then(|v| v.as_mapping().map(|m| m.contains_key(key)))
+        .unwrap_or(false)
 }
 
 /// Checks the timeouts a file gives: each at least 1 second.
@@ -178,13 +180,16 @@ impl Config {
             return Ok(c);
         }
         let x: Extension = serde_yaml_ng::from_str(&text).map_err(|e| anyhow!("{origin}: {e}"))?;
-        let base_path = dir.join(&x.extends);
+        let Some(extends) = x.extends.clone().filter(|e| !e.as_os_str().is_empty()) else {
+            bail!("{origin}: `extends` is empty: it names the base configuration, a path relative to this file (`extends: default.yaml`)");
+        };
+        let base_path = dir.join(&extends);
         let me = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
         chain.push(me);
         let base_id = std::fs::canonicalize(&base_path).map_err(|e| {
             anyhow!(
                 "{origin}: extends `{}`: cannot read {} ({e})",
-                x.extends.display(),
+                extends.display(),
                 base_path.display()
             )
         })?;
@@ -196,7 +201,7 @@ impl Config {
                 .collect();
             bail!(
                 "{origin}: extends `{}`, a cycle: {}",
-                x.extends.display(),
+                extends.display(),
                 names.join(" → ")
             );
         }
@@ -610,6 +615,59 @@ mod extends_tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("t.yaml: `extends`"), "{e}");
+        // An empty `extends` names no file (it read the directory before).
+        for (k, text) in ["extends:\n", "extends: ''\n"].iter().enumerate() {
+            let e = err(&format!("empty{k}.yaml"), text);
+            assert!(e.contains("`extends` is empty"), "{e}");
+        }
+    }
+
+    /// `extends` quoted or written in flow style is still `extends` (it was an unknown
+    /// field).
+    #[test]
+    fn extends_is_read_as_yaml_whatever_its_style() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("base.yaml"), BASE).unwrap();
+        for (k, text) in [
+            "\"extends\": base.yaml\nrepeats: 5\n",
+            "'extends': base.yaml\nrepeats: 5\n",
+            "{extends: base.yaml, repeats: 5}\n",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let p = d.path().join(format!("x{k}.yaml"));
+            std::fs::write(&p, text).unwrap();
+            let c = Config::load_unchecked(&p).unwrap_or_else(|e| panic!("{text}: {e:#}"));
+            assert_eq!(c.repeats, 5, "{text}");
+            assert_eq!(c.sources.len(), 2, "{text}");
+        }
+    }
+
+    /// A speed budget of the wrong type says what it may be, not serde's "did not match
+    /// any variant of untagged enum".
+    #[test]
+    fn a_speed_budget_of_the_wrong_type_says_what_it_may_be() {
+        let parse = |b: &str| {
+            Config::parse(&format!("backends:\n  tpu-aot:\n    topologies: [v6e:2x2]\n    implementations: [{{id: pallas_fused, max_roofline_over_baseline: {b}}}]\n"), "c.yaml")
+        };
+        for bad in ["[1.2]", "yes", "'fast'"] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("a number (one bound") && !e.contains("untagged"),
+                "{bad}: {e}"
+            );
+        }
+        let e = parse("{v6e: '1.2'}").unwrap_err().to_string();
+        assert!(
+            e.contains("generation `v6e`")
+                && e.contains("the bound is a number")
+                && !e.contains("untagged"),
+            "{e}"
+        );
+        parse("1.2").unwrap();
+        parse("2").unwrap();
+        parse("{v6e: 1.2}").unwrap();
     }
 
     #[test]

@@ -10,13 +10,53 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The bound on an implementation's roofline over jax_baseline's.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum SpeedBudget {
     /// One bound on every generation.
     All(f64),
     /// A bound per TPU generation (roofline table names: v5e, v6e, tpu7x).
     PerGeneration(BTreeMap<String, f64>),
+}
+
+/// What a written budget may be, for the one-line error of anything else.
+const FORMS: &str = "a number (one bound, e.g. 1.05) or a map of TPU generation to number (e.g. {v5e: 1.05, v6e: 1.2, tpu7x: 1.4})";
+
+impl<'de> Deserialize<'de> for SpeedBudget {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = SpeedBudget;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(FORMS)
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<SpeedBudget, E> {
+                Ok(SpeedBudget::All(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<SpeedBudget, E> {
+                Ok(SpeedBudget::All(v as f64))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<SpeedBudget, E> {
+                Ok(SpeedBudget::All(v as f64))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<SpeedBudget, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(k) = m.next_key::<String>()? {
+                    let v = m.next_value::<f64>().map_err(|e| {
+                        serde::de::Error::custom(format!(
+                            "generation `{k}`: {e} (the bound is a number)"
+                        ))
+                    })?;
+                    out.insert(k, v);
+                }
+                Ok(SpeedBudget::PerGeneration(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl SpeedBudget {
