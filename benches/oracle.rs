@@ -321,7 +321,7 @@ fn main() {
         let t0 = Instant::now();
         let (fs, _) = logits::fill(
             &case,
-            &inputs.chosen_ids,
+            &mut inputs.chosen_ids,
             &inputs.mask,
             NormalPath::Fast,
             &mut dlogits,

@@ -45,6 +45,9 @@ pub const RECORDS: &str = "GRPO_RECORDS";
 pub const CPU_OPT_LEVEL: &str = "GRPO_XLA_CPU_OPT_LEVEL";
 /// Whether `pjrt-cpu` compiles use XLA:CPU's MLIR fusion emitters.
 pub const CPU_FUSION_EMITTERS: &str = "GRPO_XLA_CPU_FUSION_EMITTERS";
+/// Set by the suite for its exporter: an implementation entry's `pythonpath` directories,
+/// whose `.py` files are part of the export's cache key.
+pub const ENTRY_PYTHONPATH: &str = "GRPO_ENTRY_PYTHONPATH";
 /// Allows a tolerance scale above [`MAX_TOL_SCALE`].
 pub const ALLOW_LOOSE: &str = "GRPO_ALLOW_LOOSE_TOLERANCES";
 /// The largest tolerance multiplier accepted without [`ALLOW_LOOSE`]: the `loose` tier's 10×.
@@ -66,6 +69,7 @@ pub const VARS: &[Var] = &[
     Var { name: PJRT_PLUGIN, meaning: "PJRT plugin (.so) of `pjrt-cpu` and `pjrt-gpu`; overrides the config's `plugin` (a plugin of another platform than the backend's is an error)", default: "the venv's `xla_cpu_pjrt` (`pjrt-cpu`), `jax_plugins/xla_cuda13` (`pjrt-gpu`)", read_by: "`pjrt-cpu`, `pjrt-gpu`, grpo-pjrt tests" },
     Var { name: LIBTPU, meaning: "libtpu shared library; overrides the config's `plugin`", default: "the venv's `libtpu/libtpu.so`", read_by: "`tpu-aot`, `pjrt-tpu`" },
     Var { name: RECORDS, meaning: "JSONL record file of the test harness", default: "`target/grpo-records/cargo-test-<suite>-<unix time>.jsonl`", read_by: "test harness" },
+    Var { name: ENTRY_PYTHONPATH, meaning: "set by the suite for the exporter it starts (not by a user): the implementation entry's `pythonpath` directories, `:`-separated; every `.py` file under them is part of the export's cache key, so an edited helper module is exported again (docs/external.md)", default: "unset (no `pythonpath`)", read_by: "the exporter (`grpo_jax.sources`)" },
     Var { name: "GRPO_PJRT_HEADER_PATH", meaning: "`pjrt_c_api.h` to generate the binding from (build time)", default: "the venv's `xla_cpu_pjrt` wheel", read_by: "grpo-pjrt build script" },
     Var { name: "GRPO_BENCH_SHAPE", meaning: "oracle benchmark shape `BxTxV`", default: "`1x8192x151936`", read_by: "`cargo bench --bench oracle`" },
     Var { name: "GRPO_BENCH_RUNS", meaning: "oracle benchmark runs, and runs of each generation part (generate, fill without page faults, page faults, deviates, counter hashes); medians reported", default: "3", read_by: "`cargo bench --bench oracle`" },
@@ -333,6 +337,7 @@ mod tests {
             PJRT_PLUGIN,
             LIBTPU,
             RECORDS,
+            ENTRY_PYTHONPATH,
         ] {
             assert!(names.contains(&k), "{k}");
         }

@@ -121,6 +121,9 @@ pub struct PrecisionReport {
     /// The 16-bit round trips a `cpu` export removed (emulated excess precision).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub round_trips: Vec<RoundTrip>,
+    /// On `cpu`: the accelerator whose precision the export emulated (`tpu`, `gpu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emulates: Option<String>,
 }
 
 impl PrecisionReport {
@@ -154,10 +157,17 @@ impl PrecisionReport {
             passed,
             message,
             round_trips: round_trips.to_vec(),
+            emulates: None,
         })
     }
 
-    /// The table's note when it matters: `3 f32 matmuls at DEFAULT (emulated bf16)`, or
+    /// The same, saying which accelerator a `cpu` export emulated.
+    pub fn emulating(mut self, emulates: Option<&str>) -> Self {
+        self.emulates = emulates.map(String::from);
+        self
+    }
+
+    /// The table's note when it matters: `3 f32 matmuls at DEFAULT (emulated as tpu)`, or
     /// None when every f32 matmul is full precision (or mixed).
     pub fn summary(&self) -> Option<String> {
         let mut by: Vec<(String, u64, bool)> = Vec::new();
@@ -181,10 +191,14 @@ impl PrecisionReport {
         if by.is_empty() && trips == 0 {
             return None;
         }
+        let emulated_as = match &self.emulates {
+            Some(e) => format!(" (emulated as {e})"),
+            None => " (emulated)".to_string(),
+        };
         let mut parts: Vec<String> = by
             .iter()
             .map(|(p, n, emulated)| {
-                let em = if *emulated { " (emulated)" } else { "" };
+                let em = if *emulated { emulated_as.as_str() } else { "" };
                 format!(
                     "{n} f32 matmul{} at {p}{em}",
                     if *n == 1 { "" } else { "s" }
@@ -193,8 +207,9 @@ impl PrecisionReport {
             .collect();
         if trips > 0 {
             parts.push(format!(
-                "{trips} 16-bit round trip{} removed (emulated excess precision)",
-                if trips == 1 { "" } else { "s" }
+                "{trips} 16-bit round trip{} removed (emulated {} excess precision)",
+                if trips == 1 { "" } else { "s" },
+                self.emulates.as_deref().unwrap_or("gpu")
             ));
         }
         Some(parts.join(", "))
@@ -296,10 +311,12 @@ mod tests {
         a.count = 2;
         a.emulated = Some("bf16".into());
         let dots = [a, dot("DEFAULT", None, false), dot("HIGHEST", None, false)];
-        let r = PrecisionReport::judge("cpu", &dots, None, &[]).unwrap();
+        let r = PrecisionReport::judge("cpu", &dots, None, &[])
+            .unwrap()
+            .emulating(Some("tpu"));
         assert_eq!(
             r.summary().as_deref(),
-            Some("3 f32 matmuls at DEFAULT (emulated)")
+            Some("3 f32 matmuls at DEFAULT (emulated as tpu)")
         );
     }
 
@@ -311,18 +328,22 @@ mod tests {
             count: 2,
         };
         // A module with no f32 matmul still says what the emulation changed.
-        let r = PrecisionReport::judge("cpu", &[], None, std::slice::from_ref(&trip)).unwrap();
+        let r = PrecisionReport::judge("cpu", &[], None, std::slice::from_ref(&trip))
+            .unwrap()
+            .emulating(Some("gpu"));
         assert!(r.passed);
         assert_eq!(
             r.summary().as_deref(),
-            Some("2 16-bit round trips removed (emulated excess precision)")
+            Some("2 16-bit round trips removed (emulated gpu excess precision)")
         );
         let mut a = dot("DEFAULT", None, false);
         a.emulated = Some("bf16".into());
-        let r = PrecisionReport::judge("cpu", &[a], None, &[trip]).unwrap();
+        let r = PrecisionReport::judge("cpu", &[a], None, &[trip])
+            .unwrap()
+            .emulating(Some("gpu"));
         assert_eq!(
             r.summary().as_deref(),
-            Some("1 f32 matmul at DEFAULT (emulated), 2 16-bit round trips removed (emulated excess precision)")
+            Some("1 f32 matmul at DEFAULT (emulated as gpu), 2 16-bit round trips removed (emulated gpu excess precision)")
         );
         // Read back from a manifest's JSON as the exporter writes it.
         let t: RoundTrip =

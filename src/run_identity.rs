@@ -60,6 +60,9 @@ pub struct RecordedIdentity {
     /// Implementation name.
     #[serde(default)]
     pub implementation: Option<String>,
+    /// The trial's kind (`sweep` rows come from `grpo-suite sweep`, not `run`).
+    #[serde(default)]
+    pub kind: Option<crate::outcome::TrialKind>,
 }
 
 /// Digest of every `.py` file under `dirs` (relative path and bytes, in sorted order).
@@ -158,6 +161,9 @@ impl RunIdentity {
     /// identity; the error names the first field that differs and both values.
     pub fn check(&self, path: &Path, line: usize, r: &RecordedIdentity) -> Result<()> {
         let at = format!("{}:{line} ({})", path.display(), r.name);
+        if r.kind == Some(crate::outcome::TrialKind::Sweep) {
+            bail!("cannot resume from {at}: it is a row of `grpo-suite sweep`, and `run --resume` resumes a run's records; give `run` its own records file");
+        }
         let Some(config_digest) = &r.config_digest else {
             bail!("cannot resume from {at}: the record has no run identity (written by an older grpo-suite); start a new records file");
         };
@@ -256,7 +262,18 @@ mod tests {
             generator_version: Some(id.generator_version),
             code_digest: id.code_of("jax_baseline").map(String::from),
             implementation: Some("jax_baseline".into()),
+            kind: Some(crate::outcome::TrialKind::Run),
         }
+    }
+
+    #[test]
+    fn a_sweeps_row_is_refused_as_a_sweeps_not_as_an_older_suites() {
+        let id = identity();
+        let mut r = recorded(&id);
+        r.kind = Some(crate::outcome::TrialKind::Sweep);
+        r.config_digest = None; // sweep rows carry no run identity
+        let e = id.check(Path::new("s.jsonl"), 1, &r).unwrap_err().to_string();
+        assert!(e.contains("a row of `grpo-suite sweep`") && !e.contains("older"), "{e}");
     }
 
     #[test]

@@ -43,7 +43,29 @@ pub enum Target {
         reason: String,
         /// Required backends turn "unavailable" into a failing trial.
         required: bool,
+        /// The backend needs nothing this machine lacks (see
+        /// [`backends::Unavailable::broken`]): its trials are errors too.
+        broken: bool,
     },
+}
+
+impl Target {
+    /// The verdict of a trial whose backend is unavailable: an error when the backend is
+    /// required or its environment broken, else ignored with the reason. None when ready.
+    pub fn unavailable_verdict(&self, backend: &str) -> Option<Verdict> {
+        match self {
+            Target::Ready(_) => None,
+            Target::Unavailable { reason, broken: true, .. } => Some(Verdict::Error(format!(
+                "backend `{backend}` needs no device this machine lacks, but could not be set up: {reason}"
+            ))),
+            Target::Unavailable { reason, required: true, .. } => Some(Verdict::Error(format!(
+                "required backend `{backend}` unavailable: {reason}"
+            ))),
+            Target::Unavailable { reason, .. } => {
+                Some(Verdict::Ignored(format!("backend unavailable: {reason}")))
+            }
+        }
+    }
 }
 
 /// What one trial does.
@@ -319,9 +341,13 @@ impl Plan {
                 })
             });
             if !hit {
+                let at = if e.at.is_empty() {
+                    format!("{}: expected_failures[{k}]", config.origin)
+                } else {
+                    e.at.clone()
+                };
                 bail!(
-                    "{}: expected_failures[{k}] ({}) matches no trial of the matrix: remove the stale entry",
-                    config.origin,
+                    "{at} ({}) matches no trial of the matrix: remove the stale entry",
                     e.describe()
                 );
             }
@@ -379,14 +405,11 @@ impl Plan {
                 let target = match by_name.get(b) {
                     Some(x) => Target::Ready(x.clone()),
                     None => {
-                        let reason = unavailable
-                            .iter()
-                            .find(|u| &u.name == b)
-                            .map(|u| u.reason.clone())
-                            .unwrap_or_default();
+                        let u = unavailable.iter().find(|u| &u.name == b);
                         Target::Unavailable {
-                            reason,
+                            reason: u.map(|u| u.reason.clone()).unwrap_or_default(),
                             required: required.contains(b),
+                            broken: u.is_some_and(|u| u.broken),
                         }
                     }
                 };
@@ -577,16 +600,13 @@ impl Plan {
     /// its reason or [`Verdict::NotApplicable`] (asks the backend, so after
     /// [`Plan::prepare`]).
     pub fn ignored(&self, t: &Trial) -> Option<Verdict> {
-        let unavailable = |reason: &str| Verdict::Ignored(format!("backend unavailable: {reason}"));
         match &t.work {
             Work::Run {
-                target:
-                    Target::Unavailable {
-                        reason,
-                        required: false,
-                    },
+                target: target @ Target::Unavailable { .. },
                 ..
-            } => Some(unavailable(reason)),
+            } => target
+                .unavailable_verdict(&t.key.0)
+                .filter(|v| matches!(v, Verdict::Ignored(_))),
             Work::Run {
                 target: Target::Ready(b),
                 case,
@@ -603,13 +623,11 @@ impl Plan {
                 .map(crate::judge::skipped),
             Work::Golden(c) if c.compile_only => Some(Verdict::Ignored(COMPILE_ONLY_GOLDEN.into())),
             Work::Trajectory {
-                target:
-                    Target::Unavailable {
-                        reason,
-                        required: false,
-                    },
+                target: target @ Target::Unavailable { .. },
                 ..
-            } => Some(unavailable(reason)),
+            } => target
+                .unavailable_verdict(&t.key.0)
+                .filter(|v| matches!(v, Verdict::Ignored(_))),
             Work::Trajectory {
                 target: Target::Ready(b),
                 implementation,
@@ -635,13 +653,9 @@ impl Plan {
                 expected,
             } => {
                 let mut o = match target {
-                    Target::Unavailable { reason, required } => {
+                    Target::Unavailable { .. } => {
                         let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Run, b, i, c);
-                        o.verdict = if *required {
-                            Verdict::Error(format!("required backend `{b}` unavailable: {reason}"))
-                        } else {
-                            Verdict::Ignored(format!("backend unavailable: {reason}"))
-                        };
+                        o.verdict = target.unavailable_verdict(b).expect("unavailable");
                         o
                     }
                     Target::Ready(backend) if backend.executes() && case.compile_only => {
@@ -738,12 +752,8 @@ impl Plan {
             } => {
                 let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Trajectory, b, i, c);
                 match target {
-                    Target::Unavailable { reason, required } => {
-                        o.verdict = if *required {
-                            Verdict::Error(format!("required backend `{b}` unavailable: {reason}"))
-                        } else {
-                            Verdict::Ignored(format!("backend unavailable: {reason}"))
-                        };
+                    Target::Unavailable { .. } => {
+                        o.verdict = target.unavailable_verdict(b).expect("unavailable");
                     }
                     Target::Ready(backend) => {
                         match trajectory_loss(backend, implementation, case) {

@@ -621,6 +621,55 @@ fn a_wrong_exporter_python_is_one_line_naming_it() {
 }
 
 #[test]
+#[cfg(feature = "pjrt")]
+fn an_exporter_python_without_grpo_jax_is_an_error_not_an_ignored_backend() {
+    // pjrt-cpu needs no device: a Python that lacks grpo_jax is a broken environment,
+    // so its trials are errors and the run fails (it used to ignore them and exit 0).
+    let python = std::path::Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!("skipped: no /usr/bin/python3");
+        return;
+    }
+    let cfg = "backends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu: {implementations: [jax_baseline]}\n";
+    let (o, _d) = run_with(
+        cfg,
+        &["--suite", "smoke"],
+        &[("GRPO_PYTHON", "/usr/bin/python3"), ("PYTHONPATH", "")],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("broken backends") && out.contains("pjrt-cpu"), "{out}");
+    assert!(stderr(&o).contains("has no grpo_jax package"), "{}", stderr(&o));
+    assert!(!out.contains(" ignored (") && out.contains(" errors"), "{out}");
+}
+
+#[test]
+#[cfg(feature = "pjrt")]
+fn a_cpu_run_says_which_accelerator_it_emulates() {
+    // Default tpu; `emulates: gpu` is recorded as such; anything else is one line naming
+    // the section and its line.
+    let run = |emulates: &str| {
+        let cfg = format!("backends:\n  pjrt-cpu: {{{emulates}implementations: [jax_baseline]}}\n");
+        let (o, d) = run_with(&cfg, &["--suite", "smoke", "--filter", "*/fused/bf16/*"], &[]);
+        let rec = std::fs::read_to_string(d.path().join("r.jsonl")).unwrap_or_default();
+        (o, rec)
+    };
+    let (o, rec) = run("");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(rec.contains(r#""emulates":"tpu""#), "{rec}");
+    let (o, rec) = run("emulates: gpu, ");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(rec.contains(r#""emulates":"gpu""#), "{rec}");
+    let (o, _) = run("emulates: npu, ");
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("backends.pjrt-cpu (line 2)") && e.contains("expected `tpu` or `gpu`") && e.trim().lines().count() == 1,
+        "{e}"
+    );
+}
+
+#[test]
 fn golden_check_errors_are_clear() {
     // A garbage golden file is "corrupt", not "missing".
     let dir = tempfile::tempdir().unwrap();
@@ -2345,5 +2394,43 @@ mod gpu_check {
             e.contains("error[E0308]: mismatched types") && e.contains("--no-run"),
             "{e}"
         );
+    }
+}
+
+#[cfg(feature = "pjrt")]
+mod bench {
+    use super::*;
+
+    const CASE: &str = "logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0/normal1-random-mixed";
+
+    fn bench(extra: &[&str]) -> (Output, std::time::Duration) {
+        let t0 = std::time::Instant::now();
+        let o = grpo_suite()
+            .args(["bench", "--case", CASE, "--backend", "pjrt-cpu", "--impl", "jax_baseline"])
+            .args(extra)
+            .output()
+            .unwrap();
+        (o, t0.elapsed())
+    }
+
+    #[test]
+    fn an_unwritable_json_path_is_refused_before_any_timing() {
+        let (o, _) = bench(&["--json", "/nonexistent/dir/rows.jsonl"]);
+        assert_eq!(o.status.code(), Some(2));
+        let e = stderr(&o);
+        assert!(e.contains("--json /nonexistent/dir/rows.jsonl: cannot write"), "{e}");
+        assert!(!e.contains("exporting") && e.trim().lines().count() == 1, "{e}");
+    }
+
+    #[test]
+    fn runs_past_the_timeout_stop_with_one_line_naming_the_pair() {
+        let (o, took) = bench(&["--runs", "100000000", "--warmup", "0", "--timeout", "2"]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains(&format!("jax_baseline on {CASE} ran past 2 s")), "{e}");
+        assert!(took < std::time::Duration::from_secs(60), "{took:?}");
+        let (o, _) = bench(&["--timeout", "0"]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("--timeout must be at least 1"));
     }
 }

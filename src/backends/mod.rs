@@ -274,6 +274,28 @@ pub struct Unavailable {
     pub name: String,
     /// Why.
     pub reason: String,
+    /// The machine has what the backend runs on (no device is missing, or it needs none),
+    /// so its environment is broken: its trials are errors, not ignored. False when a
+    /// device or a build feature is absent.
+    pub broken: bool,
+}
+
+/// The error a backend's setup returns when this machine lacks its device (or the build
+/// its feature): the one reason its trials are ignored rather than errors.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NoDevice(pub String);
+
+impl Unavailable {
+    /// From a setup error: [`NoDevice`] in its chain is an absence, anything else a
+    /// broken environment.
+    pub fn of(name: String, e: &anyhow::Error) -> Unavailable {
+        Unavailable {
+            name,
+            reason: format!("{e:#}"),
+            broken: e.downcast_ref::<NoDevice>().is_none(),
+        }
+    }
 }
 
 /// The backends a configuration names that are available on this machine, and the

@@ -227,6 +227,9 @@ impl Case {
                 if self.profile == DataProfile::Spike {
                     z += crate::inputs::SPIKE as f64;
                 }
+                if self.profile == DataProfile::Policy {
+                    z += crate::inputs::policy_boost(self, crate::inputs::POLICY_MARGIN_LOGITS);
+                }
                 if self.mask == MaskPattern::RandomHostile {
                     z += crate::inputs::HOSTILE_LOGIT_BUMP as f64;
                 }

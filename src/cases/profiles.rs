@@ -19,6 +19,11 @@ pub enum DataProfile {
     RatioEdges,
     /// N(0,1) logits; log-ratios of ±20.
     ExtremeRatio,
+    /// N(0,1) logits with one likely token per row (its logit raised by τ·(ln V + 2) at
+    /// the logits level; hidden moved along its lm_head column by τ·(ln V + 4) at the fused
+    /// level), and the chosen token **sampled from that policy**, as GRPO's completions
+    /// are: most rows have p_y ≥ 0.5 (every other profile draws ids uniformly, p_y ≈ 1/V).
+    Policy,
 }
 
 impl fmt::Display for DataProfile {
@@ -30,6 +35,7 @@ impl fmt::Display for DataProfile {
             DataProfile::Large => f.write_str("large"),
             DataProfile::RatioEdges => f.write_str("ratio_edges"),
             DataProfile::ExtremeRatio => f.write_str("extreme_ratio"),
+            DataProfile::Policy => f.write_str("policy"),
         }
     }
 }
@@ -43,11 +49,12 @@ impl FromStr for DataProfile {
             "large" => DataProfile::Large,
             "ratio_edges" => DataProfile::RatioEdges,
             "extreme_ratio" => DataProfile::ExtremeRatio,
+            "policy" => DataProfile::Policy,
             _ => match s.strip_prefix("normal").map(str::parse::<f64>) {
                 Some(Ok(sigma)) if sigma > 0.0 && sigma.is_finite() => DataProfile::Normal(sigma),
                 _ => {
                     return Err(format!(
-                        "unknown profile `{s}`, expected normal<sigma> (e.g. normal1), zeros, spike, large, ratio_edges, extreme_ratio"
+                        "unknown profile `{s}`, expected normal<sigma> (e.g. normal1), zeros, spike, large, ratio_edges, extreme_ratio, policy"
                     ))
                 }
             },

@@ -41,13 +41,85 @@ pub struct BenchArgs {
     /// Untimed executions before timing.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
-    /// Also write each row as a JSON line to this file.
+    /// Also write each row as a JSON line to this file (checked writable before timing).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Seconds one implementation on one case may take, warm-up and timed runs together
+    /// (default: the config's `trial_timeout_s`, as `run`). Past it the bench stops with
+    /// one line naming the pair, after printing (and writing) the rows measured so far.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<u64>,
+}
+
+/// Checks before any timing that `path` can be written (a temporary file beside it, as
+/// the final write makes), so measurements are never thrown away at the end.
+fn check_writable(path: &std::path::Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if path.is_dir() {
+        bail!("--json {}: is a directory (give a file path)", path.display());
+    }
+    let probe = dir.join(format!(".grpo-bench-probe-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .map(|_| {
+            let _ = std::fs::remove_file(&probe);
+        })
+        .map_err(|e| anyhow::anyhow!("--json {}: cannot write in {} ({e})", path.display(), dir.display()))
+}
+
+/// Writes the rows as JSON lines to `path`.
+fn write_json(path: &std::path::Path, rows: &[Row]) -> Result<()> {
+    let text: String = rows
+        .iter()
+        .map(|r| serde_json::to_string(r).map(|s| s + "\n"))
+        .collect::<Result<_, _>>()?;
+    grpo_conformance::atomic_file::replace(path, text.as_bytes())
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// What the bench is timing now, for the watchdog.
+struct Current {
+    /// `implementation on case`, and since when.
+    what: Option<(String, std::time::Instant)>,
+    /// Rows measured so far.
+    rows: Vec<Row>,
+}
+
+/// Stops the process when one pair runs past `limit`: prints the rows so far, writes them
+/// to `json`, and exits 1 with one line naming the pair.
+fn watchdog(
+    state: Arc<std::sync::Mutex<Current>>,
+    limit: std::time::Duration,
+    json: Option<PathBuf>,
+) {
+    std::thread::spawn(move || loop {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let st = state.lock().unwrap();
+        if let Some((what, t0)) = &st.what {
+            if t0.elapsed() > limit {
+                print_rows(&st.rows);
+                if let Some(p) = &json {
+                    if let Err(e) = write_json(p, &st.rows) {
+                        eprintln!("error: {e:#}");
+                    }
+                }
+                eprintln!(
+                    "error: bench: {what} ran past {} s (--timeout, default the config's trial_timeout_s); the rows before it are above",
+                    limit.as_secs()
+                );
+                std::process::exit(1);
+            }
+        }
+    });
 }
 
 /// One measured row.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Row {
     /// Backend.
     pub backend: String,
@@ -81,6 +153,12 @@ pub struct Row {
 pub fn run(matrix: &Matrix, args: BenchArgs) -> Result<()> {
     if args.runs == 0 {
         bail!("--runs must be at least 1 (a bench with no timed run measures nothing)");
+    }
+    if args.timeout == Some(0) {
+        bail!("--timeout must be at least 1 (seconds per implementation and case)");
+    }
+    if let Some(p) = &args.json {
+        check_writable(p)?;
     }
     let config_path = Config::path_for(args.config.as_deref(), grpo_conformance::cases::Suite::Ci)?;
     let config = Config::load(&config_path)?;
@@ -137,7 +215,12 @@ pub fn run(matrix: &Matrix, args: BenchArgs) -> Result<()> {
         warmup: args.warmup,
         repeats: args.runs,
     };
-    let mut rows = Vec::new();
+    let limit = std::time::Duration::from_secs(args.timeout.unwrap_or(config.trial_timeout_s));
+    let state = Arc::new(std::sync::Mutex::new(Current {
+        what: None,
+        rows: Vec::new(),
+    }));
+    watchdog(state.clone(), limit, args.json.clone());
     for case in &cases {
         grpo_conformance::trials::check_host_memory(case)
             .map_err(|e| anyhow::anyhow!("{}: {e}", case.id))?;
@@ -154,23 +237,26 @@ pub fn run(matrix: &Matrix, args: BenchArgs) -> Result<()> {
                 (Err(why), _) => Err(anyhow::anyhow!("{why}")),
                 (Ok(()), Some(inputs)) => {
                     eprintln!("bench: {} on {}", imp, case.id);
-                    backend.run(imp, case, inputs, &opts)
+                    state.lock().unwrap().what =
+                        Some((format!("{imp} on {}", case.id), std::time::Instant::now()));
+                    let r = backend.run(imp, case, inputs, &opts);
+                    state.lock().unwrap().what = None;
+                    r
                 }
                 (Ok(()), None) => unreachable!("inputs exist when one implementation runs"),
             };
-            rows.push(row_of(&args.backend, imp, case, res));
+            let row = row_of(&args.backend, imp, case, res);
+            let mut st = state.lock().unwrap();
+            st.rows.push(row);
+            let rows = &mut st.rows;
+            fill_baseline_ratios(rows);
         }
     }
-    fill_baseline_ratios(&mut rows);
-    if let Some(path) = &args.json {
-        let text: String = rows
-            .iter()
-            .map(|r| serde_json::to_string(r).map(|s| s + "\n"))
-            .collect::<Result<_, _>>()?;
-        grpo_conformance::atomic_file::replace(path, text.as_bytes())
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
+    let rows = std::mem::take(&mut state.lock().unwrap().rows);
     print_rows(&rows);
+    if let Some(path) = &args.json {
+        write_json(path, &rows)?;
+    }
     if rows.iter().all(|r| r.median_s.is_none()) {
         bail!("nothing ran: every implementation failed or was unsupported on every case");
     }

@@ -206,17 +206,20 @@ impl ImplEntry {
 impl ImplConfig {
     /// The speed budget on `case_id` compiled for `topology`: `max_roofline_over_baseline`
     /// (its bound for the topology's generation) where `speed_cases` (default: every case)
-    /// matches.
-    pub fn speed_budget_on(&self, case_id: &str, topology: &str) -> Option<f64> {
-        let b = self.max_roofline_over_baseline.as_ref()?;
+    /// matches; `Ok(None)` when there is none, an error when a per-generation budget finds
+    /// no bound for the topology.
+    pub fn speed_budget_on(&self, case_id: &str, topology: &str) -> Result<Option<f64>, String> {
+        let Some(b) = self.max_roofline_over_baseline.as_ref() else {
+            return Ok(None);
+        };
         if !self
             .speed_cases
             .as_deref()
             .is_none_or(|g| glob_match(g, case_id))
         {
-            return None;
+            return Ok(None);
         }
-        b.on(topology)
+        b.on(topology).map(Some)
     }
 
     /// The name trials and records use.

@@ -10,9 +10,10 @@ use serde::Deserialize;
 pub(super) fn check_expected(
     origin: &str,
     backends: &BackendsConfig,
-    list: &[ExpectedFailure],
+    list: &mut [ExpectedFailure],
 ) -> Result<()> {
-    for (k, e) in list.iter().enumerate() {
+    for (k, e) in list.iter_mut().enumerate() {
+        e.at = format!("{origin}: expected_failures[{k}]");
         if e.reason.trim().is_empty() {
             bail!(
                 "{origin}: expected_failures[{k}] ({}) needs a `reason`",
@@ -99,6 +100,10 @@ pub struct ExpectedFailure {
     /// How far a figure may move, as a fraction of it (default 0.10: ±10 %).
     #[serde(default)]
     pub margin: Option<f64>,
+    /// Where it is written: `file: expected_failures[k]`, the file that holds it (a base
+    /// configuration's entry names the base, not the file that extends it). Set on load.
+    #[serde(skip)]
+    pub at: String,
 }
 
 /// The kind of trial an expected failure covers.

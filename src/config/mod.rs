@@ -144,7 +144,7 @@ impl Config {
         c.origin = origin.to_string();
         check_timeouts(origin, Some(c.trial_timeout_s), Some(c.export_timeout_s))?;
         c.backends.validate(origin)?;
-        check_expected(origin, &c.backends, &c.expected_failures)?;
+        check_expected(origin, &c.backends, &mut c.expected_failures)?;
         Ok(c)
     }
 
@@ -210,8 +210,9 @@ impl Config {
         backends.validate(&origin)?;
         backends.resolve_paths(&dir);
         c.backends.overlay(backends);
-        check_expected(&origin, &c.backends, &x.expected_failures)?;
-        c.expected_failures.extend(x.expected_failures);
+        let mut own = x.expected_failures;
+        check_expected(&origin, &c.backends, &mut own)?;
+        c.expected_failures.extend(own);
         if let Some(v) = x.repeats {
             c.repeats = v;
         }
@@ -406,11 +407,12 @@ mod tests {
             .unwrap()
             .implementations[0]
             .resolved();
-        assert_eq!(imp.speed_budget_on("fused/b1_t8_v2", "v5e:2x2"), Some(1.05));
-        assert_eq!(imp.speed_budget_on("fused/b1_t8_v2", "v6e:2x4"), Some(1.2));
+        assert_eq!(imp.speed_budget_on("fused/b1_t8_v2", "v5e:2x2"), Ok(Some(1.05)));
+        assert_eq!(imp.speed_budget_on("fused/b1_t8_v2", "v6e:2x4"), Ok(Some(1.2)));
+        assert!(imp.speed_budget_on("fused/b1_t8_v2", "tpu7x:2x2x1").is_err());
         assert_eq!(
             imp.speed_budget_on("fused/b1_t4_v2", "v6e:2x4"),
-            None,
+            Ok(None),
             "speed_cases still select"
         );
         assert!(speed("tpu-aot", "{v4: 1.2}")
@@ -553,6 +555,16 @@ mod extends_tests {
             .map(|e| e.reason.as_str())
             .collect();
         assert_eq!(reasons, ["base", "top"]);
+        // Each names the file that holds it, and its index there (a stale entry of the
+        // base is blamed on the base, not on the file that extends it).
+        let at: Vec<&str> = c.expected_failures.iter().map(|e| e.at.as_str()).collect();
+        assert_eq!(
+            at,
+            [
+                format!("{}: expected_failures[0]", d.path().join("sub/../base.yaml").display()),
+                format!("{}: expected_failures[0]", d.path().join("sub/top.yaml").display())
+            ]
+        );
         // Paths against the directory of the file that names them.
         let path_of = |backend: &str| {
             c.backends

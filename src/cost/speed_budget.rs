@@ -60,13 +60,21 @@ impl<'de> Deserialize<'de> for SpeedBudget {
 }
 
 impl SpeedBudget {
-    /// The bound on `topology` (`v6e:2x2`, or a bare generation `v6e`); a per-generation
-    /// budget that does not name its generation has none ([`SpeedBudget::check`] refuses
-    /// that for every topology an entry compiles on).
-    pub fn on(&self, topology: &str) -> Option<f64> {
+    /// The bound on `topology` (`v6e:2x2`, or a bare generation `v6e`). A per-generation
+    /// budget that finds no bound there is an error saying why, never "no budget"
+    /// ([`SpeedBudget::check`] refuses such a map for every topology an entry compiles
+    /// on, so this is a lookup that went wrong, and the trial is an ERROR).
+    pub fn on(&self, topology: &str) -> Result<f64, String> {
         match self {
-            SpeedBudget::All(b) => Some(*b),
-            SpeedBudget::PerGeneration(m) => m.get(generation_of_topology(topology)?.name).copied(),
+            SpeedBudget::All(b) => Ok(*b),
+            SpeedBudget::PerGeneration(m) => {
+                let g = generation_of_topology(topology).ok_or_else(|| {
+                    format!("topology `{topology}` is of no generation in the roofline table, but the speed budget {self} is per generation")
+                })?;
+                m.get(g.name).copied().ok_or_else(|| {
+                    format!("the speed budget {self} gives no bound for {} (topology `{topology}`)", g.name)
+                })
+            }
         }
     }
 
@@ -149,14 +157,18 @@ mod tests {
         assert_eq!(b, per(&[("v5e", 1.05), ("v6e", 1.2), ("tpu7x", 1.4)]));
         assert_eq!(
             (b.on("v5e"), b.on("v6e"), b.on("tpu7x")),
-            (Some(1.05), Some(1.2), Some(1.4))
+            (Ok(1.05), Ok(1.2), Ok(1.4))
         );
         assert_eq!(b.to_string(), "{tpu7x: 1.4, v5e: 1.05, v6e: 1.2}");
         let one: SpeedBudget = serde_yaml_ng::from_str("1.05").unwrap();
         assert_eq!(
             (one.on("v6e"), one.to_string()),
-            (Some(1.05), "1.05".to_string())
+            (Ok(1.05), "1.05".to_string())
         );
+        // A lookup that finds nothing says so (it used to be "no budget", a silent pass).
+        let two = per(&[("v5e", 1.05), ("v6e", 1.2)]);
+        assert!(two.on("tpu7x:2x2x1").unwrap_err().contains("gives no bound for tpu7x"));
+        assert!(two.on("v4:2x2").unwrap_err().contains("of no generation"));
     }
 
     #[test]

@@ -8,7 +8,10 @@
 //! the statistics are the same bits, with no second pass over the tensor.
 
 use super::rng::Stream;
-use super::{fill_normals, sigma, NormalPath, HOSTILE_LOGIT_BUMP, SPIKE};
+use super::{
+    fill_normals, policy_boost, sample_row, sigma, NormalPath, HOSTILE_LOGIT_BUMP,
+    POLICY_MARGIN_LOGITS, SPIKE,
+};
 use crate::cases::{Case, DataProfile, MaskPattern};
 use crate::oracle::{row, TokenStats, DEFAULT_CHUNK};
 use rayon::prelude::*;
@@ -17,10 +20,12 @@ use rayon::prelude::*;
 /// and returns their forward statistics (equal to `oracle::forward(case, inputs,
 /// DEFAULT_CHUNK)` on the finished inputs) and how many deviates took the exact scalar
 /// path. `chosen_ids` and `mask` are the case's own ([B,T] each): the chosen logit of a
-/// row depends on them. Rows are shared among the rayon threads.
+/// row depends on them; under the `policy` profile each id names the row's likely token
+/// and is replaced by the token sampled from the finished row. Rows are shared among the
+/// rayon threads.
 pub fn fill(
     case: &Case,
-    chosen_ids: &[i32],
+    chosen_ids: &mut [i32],
     mask: &[f32],
     path: NormalPath,
     out: &mut [f32],
@@ -39,10 +44,13 @@ pub fn fill(
     let sg = Stream::new(id, "logits_sign");
     let inv_tau = 1.0 / case.knobs.temperature;
     let hostile = case.mask == MaskPattern::RandomHostile;
+    let boost = policy_boost(case, POLICY_MARGIN_LOGITS);
+    let draws = Stream::new(id, "policy");
     let per_row: Vec<(row::RowStats, u64)> = out
         .par_chunks_mut(v)
+        .zip(chosen_ids.par_iter_mut())
         .enumerate()
-        .map(|(r, z)| {
+        .map(|(r, (z, y))| {
             let start = (r * v) as u64;
             // Each element is a monotone map of its deviate, dtype rounding included (what
             // `fast_normal::fill` needs).
@@ -59,7 +67,14 @@ pub fn fill(
                 _ if sigma == 1.0 => fill_normals(z, &st, start, path, dt, |x, _| x as f32),
                 _ => fill_normals(z, &st, start, path, dt, |x, _| (sigma * x) as f32),
             };
-            let y = chosen_ids[r] as usize;
+            if case.profile == DataProfile::Policy {
+                // The likely token raised, then the chosen one sampled from the row.
+                let k = *y as usize;
+                z[k] = dt.round((z[k] as f64 + boost) as f32);
+                let zs: Vec<f64> = z.iter().map(|&x| x as f64).collect();
+                *y = sample_row(&zs, inv_tau, draws.uniform(r as u64)) as i32;
+            }
+            let y = *y as usize;
             if case.profile == DataProfile::Spike {
                 // The chosen logit: +SPIKE on the f32, then the dtype rounding.
                 z[y] = dt.round((sigma * st.normal(start + y as u64)) as f32 + SPIKE);

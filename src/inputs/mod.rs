@@ -38,6 +38,35 @@ pub const REF_LOGP_NOISE: f64 = 0.1;
 /// Log-ratio magnitude of the `extreme_ratio` profile.
 pub const EXTREME_LOG_RATIO: f64 = 20.0;
 
+/// How far the `policy` profile raises a row's likely token above ln V, in units of τ:
+/// at the logits level p ≈ e²/(e² + e^½) ≈ 0.82 for N(0,1) logits.
+pub const POLICY_MARGIN_LOGITS: f64 = 2.0;
+/// The same at the fused level (a little more: moving hidden along one lm_head column
+/// spreads the other logits too).
+pub const POLICY_MARGIN_FUSED: f64 = 4.0;
+
+/// The `policy` profile's raise of the likely token's logit for `case` (τ·(ln V + margin)).
+pub fn policy_boost(case: &Case, margin: f64) -> f64 {
+    case.knobs.temperature * ((case.shape.v as f64).ln() + margin)
+}
+
+/// A token drawn from softmax(z/τ) of one row with the uniform `u` in [0, 1): the
+/// `policy` profile's chosen token (f64 sums; the last token if rounding leaves `u` past
+/// the total).
+pub fn sample_row(z: &[f64], inv_tau: f64, u: f64) -> usize {
+    let m = z.iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x * inv_tau));
+    let w: Vec<f64> = z.iter().map(|&x| (x * inv_tau - m).exp()).collect();
+    let target = u * w.iter().sum::<f64>();
+    let mut acc = 0.0;
+    for (j, x) in w.iter().enumerate() {
+        acc += x;
+        if acc > target {
+            return j;
+        }
+    }
+    z.len() - 1
+}
+
 /// All inputs of one case (empty by default: what a compile-only backend gets).
 #[derive(Debug, Clone, Default)]
 pub struct Inputs {
@@ -128,6 +157,39 @@ fn sigma(profile: DataProfile) -> f64 {
     }
 }
 
+/// The `policy` profile at the fused level: each row's hidden moves along the lm_head
+/// column w of its likely token (by boost·w/‖w‖²) (the uniform draw in `chosen_ids`) so that token's logit
+/// rises by [`policy_boost`] (then the dtype rounding), and the chosen token is sampled
+/// from softmax(hidden·lm_head/τ) of the rounded inputs.
+fn policy_fused(case: &Case, hidden: &mut [f32], lm_head: &[f32], chosen_ids: &mut [i32]) {
+    let (v, h) = (case.shape.v, case.shape.h.expect("fused"));
+    let boost = policy_boost(case, POLICY_MARGIN_FUSED);
+    let inv_tau = 1.0 / case.knobs.temperature;
+    let draws = Stream::new(case.data_id(), "policy");
+    let dt = case.dtype;
+    hidden
+        .par_chunks_mut(h)
+        .zip(chosen_ids.par_iter_mut())
+        .enumerate()
+        .for_each(|(r, (x, y))| {
+            let k = *y as usize;
+            let l2: f64 = (0..h).map(|i| (lm_head[i * v + k] as f64).powi(2)).sum();
+            let c = if l2 > 0.0 { boost / l2 } else { 0.0 };
+            for (i, xi) in x.iter_mut().enumerate() {
+                let w = lm_head[i * v + k] as f64;
+                *xi = dt.round((*xi as f64 + c * w) as f32);
+            }
+            let mut z = vec![0f64; v];
+            for (i, &xi) in x.iter().enumerate() {
+                let row = &lm_head[i * v..(i + 1) * v];
+                for (zj, &w) in z.iter_mut().zip(row) {
+                    *zj += xi as f64 * w as f64;
+                }
+            }
+            *y = sample_row(&z, inv_tau, draws.uniform(r as u64)) as i32;
+        });
+}
+
 /// The [B,T] completion mask of `case` (its own stream: independent of the other inputs).
 fn completion_mask(case: &Case) -> Vec<f32> {
     let s = case.shape;
@@ -212,7 +274,8 @@ impl Inputs {
         match case.level {
             Level::Logits => {
                 logits = buffer::zeroed_f32(rows * s.v);
-                let (st, fallbacks) = logits::fill(case, &chosen_ids, &mask, path, &mut logits);
+                let (st, fallbacks) =
+                    logits::fill(case, &mut chosen_ids, &mask, path, &mut logits);
                 stats = Some(st);
                 counts.fallbacks = fallbacks;
                 if case.profile != DataProfile::Zeros {
@@ -230,6 +293,9 @@ impl Inputs {
                 counts.fallbacks +=
                     fill_normals_par(&mut lm_head, &sw, path, dt, |x, _| (scale * x) as f32);
                 counts.normals = (hidden.len() + lm_head.len()) as u64;
+                if case.profile == DataProfile::Policy {
+                    policy_fused(case, &mut hidden, &lm_head, &mut chosen_ids);
+                }
                 // Hostile data where the mask is 0 (it must not matter): large hidden rows.
                 if case.mask == MaskPattern::RandomHostile {
                     for i in (0..rows).filter(|&i| mask[i] == 0.0) {
@@ -374,6 +440,34 @@ pub fn edge_targets(k: &crate::spec::Knobs) -> [f64; 7] {
 mod tests {
     use super::*;
     use crate::cases::parse_fixed;
+
+    /// The share of rows whose chosen token has p_y ≥ 0.5, from the oracle's statistics.
+    fn confident_share(case: &str) -> f64 {
+        let (x, st) = Inputs::generate_with_stats(&parse_fixed(case).unwrap());
+        let n = st.logp.iter().filter(|l| l.exp() >= 0.5).count();
+        assert_eq!(st.logp.len(), x.chosen_ids.len());
+        n as f64 / st.logp.len() as f64
+    }
+
+    #[test]
+    fn the_policy_profile_samples_likely_tokens_at_both_levels() {
+        for dims in [
+            "b: 2, t: 8, v: 2049",
+            "b: 3, t: 16, v: 1000, dtype: bf16",
+            "b: 2, t: 8, v: 2049, h: 64, level: fused",
+            "b: 2, t: 8, v: 2049, h: 64, level: fused, dtype: bf16",
+            "b: 3, t: 5, v: 4097, h: 33, level: fused, dtype: bf16",
+        ] {
+            let policy = confident_share(&format!("{dims}, profile: policy"));
+            let normal = confident_share(&format!("{dims}, profile: normal1"));
+            assert!(policy >= 0.6, "{dims}: {policy}");
+            assert_eq!(normal, 0.0, "{dims}");
+        }
+        // Sampled, not forced: some rows pick another token than the likely one.
+        let c = parse_fixed("b: 8, t: 64, v: 1000, profile: policy").unwrap();
+        let (_, st) = Inputs::generate_with_stats(&c);
+        assert!(st.logp.iter().any(|l| l.exp() < 0.5));
+    }
 
     #[test]
     fn hostile_masks_put_hostile_values_only_where_the_mask_is_zero() {

@@ -22,9 +22,10 @@ pub fn apply(o: &mut TrialOutcome, expected: Option<&ExpectedFailure>) {
     o.verdict = match std::mem::replace(&mut o.verdict, Verdict::Pass) {
         Verdict::Fail => match stale(o, e) {
             Some(why) => Verdict::Stale(format!(
-                "{why}; update the expected failure {} ({})",
+                "{why}; update the expected failure {} ({}){}",
                 e.describe(),
-                e.reason
+                e.reason,
+                if e.at.is_empty() { String::new() } else { format!(" at {}", e.at) }
             )),
             None => Verdict::ExpectedFail(format!("{} ({})", e.reason, e.describe())),
         },

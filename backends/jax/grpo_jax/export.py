@@ -220,7 +220,7 @@ def handle_request(req, cache_dir: Path) -> dict:
         if manifest is not None:
             return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": True}
         mod = module_problem(norm, built.problem)
-        with precision.watch(norm["platform"]) as dots:
+        with precision.watch(norm["platform"], norm.get("emulates", "tpu")) as dots:
             exported = export_function(built.fn, mod, built.shardings)
             round_trips = precision.round_trips()
         manifest = manifest_for(norm, key, exported, built.shardings)
@@ -229,6 +229,8 @@ def handle_request(req, cache_dir: Path) -> dict:
         manifest["f32_dots"] = (precision.summarize(dots)
                                 + precision.kernel_dots(manifest.get("kernels", [])))
         manifest["round_trips"] = round_trips  # removed by the cpu emulation (precision.py)
+        if "emulates" in norm:
+            manifest["emulates"] = norm["emulates"]
         manifest["declared_precision"] = built.impl.declared_precision(norm["impl_options"])
         cache.store(cache_dir, key, exported.mlir_module_serialized, manifest)
         return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": False}

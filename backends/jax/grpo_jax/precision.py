@@ -7,23 +7,28 @@ a single bf16 pass (operands rounded to 7 mantissa bits, products summed in f32)
 three bf16 passes on TPU and TF32 on GPU; HIGHEST is f32 everywhere. Mosaic (Pallas TPU)
 computes a kernel's f32 dot at DEFAULT in fp32 (its ``contract_precision`` default).
 
-``watch(platform)`` wraps jax's lowering rule of ``dot_general`` while one module is
-lowered. Every dot with an f32 operand is recorded: operand types, precision (or dot
+``watch(platform, emulates)`` wraps jax's lowering rule of ``dot_general`` while one module
+is lowered. Every dot with an f32 operand is recorded: operand types, precision (or dot
 algorithm), the user function that wrote it, and the Pallas kernel it is in (CPU interpret
-mode). On the ``cpu`` platform it also **emulates** the accelerator: a dot with an f32
-operand outside a Pallas kernel has its f32 operands rounded to bf16 at DEFAULT (TPU's
-one pass, the coarsest of the accelerators) and to TF32 at HIGH (the coarser of TPU's
-three bf16 passes and GPU's TF32), then runs as before. That includes ``mixed`` dots of
-one f32 and one narrower operand: jax's VJP of a bf16 einsum contracts the f32 cotangent
-with the bf16 operand that way, and at DEFAULT an accelerator rounds the cotangent (the
-H100 did, in TF32: docs/gpu.md). So a CPU run gives, to f32 rounding of the
-accumulation, the numbers a TPU would give, and the gates judge those.
+mode). On the ``cpu`` platform it also **emulates** one accelerator, named by ``emulates``
+(``EMULATES``), so a CPU verdict is never kinder than the platform it stands for:
 
-It also emulates **excess precision**: a convert to f32 of a 16-bit value that was itself
-converted from f32 gives back the f32 value (``excess_precision``), as XLA:GPU's
-``SimplifyFPConversions`` pass does under its default ``xla_allow_excess_precision``. A
-kernel that relies on that round trip's rounding (an error-free split ``x - f32(bf16(x))``)
-then computes on the CPU what it computed on an H100 (docs/gpu.md, "Excess precision").
+* ``tpu`` (the default): a dot with an f32 operand outside a Pallas kernel has its f32
+  operands rounded to bf16 at DEFAULT (XLA:TPU's one pass) and to TF32 at HIGH (coarser
+  than TPU's three bf16 passes: harsher, never kinder), then runs as before. 16-bit round
+  trips (f32 -> bf16 -> f32) are kept, as XLA:TPU keeps them.
+* ``gpu``: the same dots rounded to TF32 at DEFAULT and HIGH (Ampere/Hopper), and XLA:GPU's
+  **excess precision**: a convert to f32 of a 16-bit value that was itself converted from
+  f32 gives back the f32 value (``excess_precision``), as its ``SimplifyFPConversions``
+  pass does under the default ``xla_allow_excess_precision``. A kernel that relies on
+  that round trip's rounding (an error-free split ``x - f32(bf16(x))``, logits rounded
+  to the input dtype by a round trip) computes on the CPU what it computed on an H100
+  (docs/gpu.md, "Excess precision").
+
+Rounded dots include ``mixed`` ones of one f32 and one narrower operand, whichever side
+the f32 operand is on: jax's VJP of a bf16 einsum contracts the f32 cotangent with the bf16
+operand that way, and at DEFAULT an accelerator rounds the cotangent (the H100 did, in
+TF32: docs/gpu.md).
 
 Not emulated: dots inside a Pallas kernel (Mosaic's DEFAULT is fp32), a narrower operand
 that is not bf16 (an f16 operand's 10 mantissa bits are kept, as GPU's tensor cores do;
@@ -38,8 +43,12 @@ import threading
 from typing import Iterator, Optional
 
 # Bumped when what is emulated changes (every cpu export's cache key holds this module's
-# source too). 2: mixed f32 × narrower dots are emulated; 3: excess precision.
-EMULATION_VERSION = 3
+# source too). 2: mixed f32 × narrower dots are emulated; 3: excess precision; 4: one
+# accelerator per export (``emulates``).
+EMULATION_VERSION = 4
+
+# The accelerators a cpu export can stand for; the first is the default.
+EMULATES = ("tpu", "gpu")
 
 # Precision classes: what an accelerator does with an f32×f32 dot.
 REDUCED_BF16 = "bf16"   # DEFAULT: TPU one bf16 pass (GPU: TF32)
@@ -121,13 +130,20 @@ def _round(x, mantissa: int):
                                 mantissa_bits=mlir.i32_attr(mantissa))
 
 
-def _dot_rule(inner, emulate: bool):
+def emulated_class(name: str, emulates: str) -> str:
+    """The rounding the ``emulates`` accelerator gives an f32 dot at ``name``: a GPU's
+    reduced precision is TF32 at DEFAULT and HIGH alike."""
+    cls = precision_class(name)
+    return REDUCED_TF32 if emulates == "gpu" and cls == REDUCED_BF16 else cls
+
+
+def _dot_rule(inner, emulates: Optional[str]):
     def rule(ctx, lhs, rhs, *, precision, **params):
         entry = _record(ctx, precision)
         if entry is not None:
-            cls = precision_class(entry["precision"])
+            cls = emulated_class(entry["precision"], emulates or "tpu")
             entry["emulated"] = None
-            if emulate and entry["kernel"] is None and cls in _MANTISSA:
+            if emulates and entry["kernel"] is None and cls in _MANTISSA:
                 # Only the f32 operands: a 16-bit one holds its values already.
                 if _is_f32(ctx.avals_in[0]):
                     lhs = _round(lhs, _MANTISSA[cls])
@@ -152,11 +168,13 @@ def _pallas_rule(inner):
 
 
 @contextlib.contextmanager
-def watch(platform: str) -> Iterator[list]:
+def watch(platform: str, emulates: str = EMULATES[0]) -> Iterator[list]:
     """While lowering for ``platform``: the list filled with every dot that has an f32
-    operand (``summarize`` merges repeats); on ``cpu``, reduced-precision f32 dots and
-    XLA:GPU's excess precision are emulated (module docstring). Restores jax's rules on
-    exit."""
+    operand (``summarize`` merges repeats); on ``cpu``, the ``emulates`` accelerator's
+    reduced-precision f32 dots (and a GPU's excess precision) are emulated (module
+    docstring). Restores jax's rules on exit."""
+    if emulates not in EMULATES:
+        raise ValueError(f"emulates must be one of {list(EMULATES)}, got {emulates!r}")
     from jax._src.interpreters import mlir
     from jax._src.lax import lax as lax_internal
     from jax._src.pallas import pallas_call as pc
@@ -175,11 +193,13 @@ def watch(platform: str) -> Iterator[list]:
     _state.round_trips = []
     _state.kernel = None
     table[lax_internal.dot_general_p] = mlir.LoweringRuleEntry(
-        _dot_rule(inner_rule(lax_internal.dot_general_p), emulate=platform == "cpu"), True)
+        _dot_rule(inner_rule(lax_internal.dot_general_p),
+                  emulates if platform == "cpu" else None), True)
     table[pc.pallas_call_p] = mlir.LoweringRuleEntry(
         _pallas_rule(inner_rule(pc.pallas_call_p)), True)
     try:
-        with excess_precision(platform) if platform == "cpu" else contextlib.nullcontext():
+        gpu = platform == "cpu" and emulates == "gpu"
+        with excess_precision(platform) if gpu else contextlib.nullcontext():
             yield _state.dots
     finally:
         for prim, entry in saved.items():

@@ -15,9 +15,14 @@ Three parts, each deterministic (independent of what else the exporter imported 
   the exporting interpreter (a module the walk reaches under ``site-packages`` ends the
   walk there; a kernel may import any installed package lazily).
 
-Not seen: a module outside the top-level package that the implementation imports only
-inside a function (lazily); put such a checkout on the entry's ``pythonpath`` and import
-it at module level (docs/external.md).
+* **the entry's ``pythonpath``**: every ``.py`` file under the directories the suite names
+  in ``GRPO_ENTRY_PYTHONPATH`` (the entry's ``pythonpath``), imported or not, so a helper
+  module imported inside a function, or a sibling module nothing imports yet, is part of
+  the key (hidden directories, ``__pycache__``, ``site-packages`` and virtual
+  environments are skipped).
+
+Not seen: a module outside the top-level package and outside the entry's ``pythonpath``
+that the implementation imports only inside a function (lazily).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib
+import os
 import sys
 import sysconfig
 import types
@@ -168,6 +174,34 @@ def digest(module: types.ModuleType) -> str:
         h.update(b"module\0" + name.encode() + b"\0" + Path(files[name]).read_bytes() + b"\0")
     for v in installed():
         h.update(b"dist\0" + v.encode() + b"\0")
+    h.update(b"pythonpath\0" + pythonpath_digest(os.environ.get(ENTRY_PYTHONPATH, "")).encode())
+    return h.hexdigest()
+
+
+ENTRY_PYTHONPATH = "GRPO_ENTRY_PYTHONPATH"
+_SKIP_DIRS = {"__pycache__", "site-packages", "dist-packages", "node_modules"}
+
+
+def pythonpath_files(dirs: str) -> list[Path]:
+    """Every ``.py`` file under the ``:``-separated ``dirs``, sorted, skipping hidden
+    directories, caches, installed packages and virtual environments."""
+    out = []
+    for d in [Path(x) for x in dirs.split(":") if x]:
+        for root, subdirs, names in os.walk(d):
+            subdirs[:] = sorted(x for x in subdirs if not x.startswith(".") and x not in _SKIP_DIRS
+                                and not (Path(root) / x / "pyvenv.cfg").exists())
+            out += [Path(root) / n for n in sorted(names) if n.endswith(".py")]
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def pythonpath_digest(dirs: str) -> str:
+    """The digest of every ``.py`` file under ``dirs`` (path relative to its directory,
+    and bytes); once per exporter process."""
+    h = hashlib.sha256()
+    for d in [x for x in dirs.split(":") if x]:
+        for f in pythonpath_files(d):
+            h.update(str(f.relative_to(d)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()
 
 

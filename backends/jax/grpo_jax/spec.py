@@ -186,7 +186,7 @@ def normalize_request(req: Any) -> dict:
     if not isinstance(req, dict):
         raise RequestError("request must be a JSON object")
     known = {"impl", "level", "b", "t", "v", "h", "dtype", "knobs", "impl_options", "platform",
-             "devices", "sharding"}
+             "devices", "sharding", "emulates"}
     unknown = sorted(set(req) - known)
     if unknown:
         raise RequestError(f"unknown request fields: {unknown}")
@@ -204,6 +204,11 @@ def normalize_request(req: Any) -> dict:
     platform = req.get("platform", "cpu")
     if platform not in PLATFORMS:
         raise RequestError(f"platform must be one of {list(PLATFORMS)}, got {platform!r}")
+    emulates = req.get("emulates", "tpu") if platform == "cpu" else None
+    if platform == "cpu" and emulates not in ("tpu", "gpu"):
+        raise RequestError(f"emulates must be one of ['tpu', 'gpu'], got {emulates!r}")
+    if platform != "cpu" and req.get("emulates") is not None:
+        raise RequestError(f"emulates is for the cpu platform only, not {platform!r}")
     options = req.get("impl_options") or {}
     if not isinstance(options, dict):
         raise RequestError("impl_options must be an object")
@@ -221,6 +226,8 @@ def normalize_request(req: Any) -> dict:
            "knobs": knobs.to_json(), "impl_options": dict(options), "platform": platform}
     if devices > 1:  # absent for one device: single-device cache keys stay as they were
         out.update(devices=devices, sharding=sharding)
+    if emulates is not None:  # the accelerator a cpu export stands for (precision.py)
+        out["emulates"] = emulates
     return out
 
 

@@ -141,7 +141,7 @@ def test_an_export_lists_the_round_trips_it_removed():
     x = jnp.ones((4, 8), f32)
 
     def exported(fn):
-        with precision.watch("cpu"):
+        with precision.watch("cpu", "gpu"):
             jax.export.export(jax.jit(fn), platforms=["cpu"])(jax.ShapeDtypeStruct(x.shape, x.dtype))
             return precision.round_trips()
 

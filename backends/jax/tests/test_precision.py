@@ -15,8 +15,8 @@ from grpo_jax.export import handle_request
 HI = jax.lax.Precision.HIGHEST
 
 
-def _exported(fn, *args, platform="cpu"):
-    with precision.watch(platform) as dots:
+def _exported(fn, *args, platform="cpu", emulates="tpu"):
+    with precision.watch(platform, emulates) as dots:
         exp = jax.export.export(jax.jit(fn), platforms=[platform])(
             *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args])
     return exp, precision.summarize(dots)
@@ -67,22 +67,60 @@ def test_highest_and_bf16_matmuls_are_not_emulated():
     assert none == []
 
 
+@pytest.mark.parametrize("f32_side", ["lhs", "rhs"])
 @pytest.mark.parametrize("prec,mantissa", [(None, 7), (jax.lax.Precision.HIGH, 10)])
-def test_a_mixed_matmul_has_its_f32_operand_rounded_as_the_accelerator_does(prec, mantissa):
+def test_a_mixed_matmul_has_its_f32_operand_rounded_as_the_accelerator_does(
+        prec, mantissa, f32_side):
     """f32 × bf16 at DEFAULT (jax's VJP of a bf16 einsum: the f32 cotangent against the
     bf16 operand) is one bf16 pass on a TPU, TF32 on a GPU: the f32 operand is rounded,
-    the bf16 one is exact already."""
+    whichever side it is on; the bf16 one is exact already."""
     a, b = _operands()
-    b16 = b.astype(jnp.bfloat16)
+    if f32_side == "rhs":  # bf16 × f32: the same product, operands swapped
+        a, b = b.T.copy(), a.T.copy()
+        b16, f = a.astype(jnp.bfloat16), b
+        args = (b16, f)
+        want = np.asarray(b16, np.float64) @ _round(f, mantissa).astype(np.float64)
+        exact = np.asarray(b16, np.float64) @ f.astype(np.float64)
+    else:
+        b16 = b.astype(jnp.bfloat16)
+        args = (a, b16)
+        want = _round(a, mantissa).astype(np.float64) @ np.asarray(b16, np.float64)
+        exact = a.astype(np.float64) @ np.asarray(b16, np.float64)
     exp, dots = _exported(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32,
-                                               precision=prec), a, b16)
-    got = np.asarray(exp.call(a, b16))
-    want = _round(a, mantissa).astype(np.float64) @ np.asarray(b16, np.float64)
-    exact = a.astype(np.float64) @ np.asarray(b16, np.float64)
+                                               precision=prec), *args)
+    got = np.asarray(exp.call(*args))
     assert np.max(np.abs(got - want)) < 1e-5 * np.max(np.abs(want))
     assert np.max(np.abs(got - exact)) > 10 * np.max(np.abs(got - want))
     assert [(d["mixed"], d["emulated"]) for d in dots] == [
         (True, "tf32" if prec else "bf16")]
+
+
+def test_a_gpu_emulation_rounds_default_to_tf32():
+    a, b = _operands()
+    exp, dots = _exported(lambda x, y: jnp.dot(x, y), a, b, emulates="gpu")
+    want = _round(a, 10).astype(np.float64) @ _round(b, 10).astype(np.float64)
+    assert np.max(np.abs(np.asarray(exp.call(a, b)) - want)) < 1e-5 * np.max(np.abs(want))
+    assert dots[0]["emulated"] == "tf32"
+
+
+@pytest.mark.parametrize("emulates,kept", [("tpu", True), ("gpu", False)])
+def test_a_16_bit_round_trip_is_kept_as_the_emulated_accelerator_keeps_it(emulates, kept):
+    """A kernel that returns bf16 per-token values through a round trip: XLA:TPU keeps the
+    rounding, XLA:GPU removes it (excess precision). A cpu export standing for a TPU must
+    not be kinder than the TPU."""
+    x = np.asarray([1.0 + 2.0 ** -10, 3.0 + 2.0 ** -12], np.float32)
+    exp, _ = _exported(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32) * 1.0, x,
+                       emulates=emulates)
+    got = np.asarray(exp.call(x))
+    assert np.array_equal(got, np.asarray(x.astype(jnp.bfloat16), np.float32)) == kept
+    assert np.array_equal(got, x) == (not kept)
+    assert (precision.round_trips() != []) == (not kept)
+
+
+def test_an_unknown_emulation_is_refused():
+    with pytest.raises(ValueError, match="emulates must be one of"):
+        with precision.watch("cpu", "npu"):
+            pass
 
 
 def test_tpu_exports_record_without_emulating_and_the_rules_are_restored():
@@ -110,10 +148,26 @@ def test_a_pallas_kernels_dots_are_named_and_not_emulated():
     assert np.max(np.abs(np.asarray(exp.call(a, b)) - exact)) < 1e-6 * np.max(exact)
 
 
-def _fused(impl, dtype, options=None, platform="cpu"):
+def _fused(impl, dtype, options=None, platform="cpu", **more):
     return handle_request({"impl": impl, "level": "fused", "b": 2, "t": 8, "v": 2049, "h": 64,
                            "dtype": dtype, "impl_options": options or {},
-                           "platform": platform, "knobs": {"beta": 0.04}}, _fused.cache)
+                           "platform": platform, "knobs": {"beta": 0.04}, **more}, _fused.cache)
+
+
+def test_a_cpu_export_says_which_accelerator_it_emulates(tmp_path):
+    """The request names it (default tpu), the manifest says it, and the cache key holds
+    it: a gpu export is another module."""
+    _fused.cache = tmp_path
+    opts = {"chunk_tokens": 8, "chunk_vocab": 512, "matmul_precision": "default"}
+    tpu = _fused("xla_chunked", "f32", opts)
+    gpu = _fused("xla_chunked", "f32", opts, emulates="gpu")
+    assert tpu["manifest"]["emulates"] == "tpu" and gpu["manifest"]["emulates"] == "gpu"
+    assert tpu["key"] != gpu["key"]
+    assert {d["emulated"] for d in gpu["manifest"]["f32_dots"]} == {"tf32"}
+    bad = _fused("xla_chunked", "f32", opts, emulates="npu")
+    assert bad["status"] == "error" and "emulates must be one of" in bad["message"], bad
+    on_tpu = _fused("xla_chunked", "f32", opts, platform="tpu", emulates="gpu")
+    assert on_tpu["status"] == "error" and "cpu platform only" in on_tpu["message"], on_tpu
 
 
 def test_manifests_record_jax_baselines_highest_f32_matmuls_and_xla_chunkeds_declaration(

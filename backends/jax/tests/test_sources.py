@@ -35,9 +35,9 @@ def _layout(tmp: Path) -> tuple[Path, Path]:
     return tmp / "wrap", tmp / "lib"
 
 
-def _digest(tmp: Path, first: str = "") -> str:
+def _digest(tmp: Path, first: str = "", entry_pythonpath: str = "") -> str:
     """The digest in a fresh interpreter (as the exporter computes it), after importing
-    ``first`` (order independence)."""
+    ``first`` (order independence), with the suite's ``GRPO_ENTRY_PYTHONPATH``."""
     wrap, lib = _layout(tmp) if not (tmp / "wrap").exists() else (tmp / "wrap", tmp / "lib")
     code = textwrap.dedent(f"""
         import sys
@@ -46,8 +46,10 @@ def _digest(tmp: Path, first: str = "") -> str:
         from grpo_jax.impls.registry import external_source_hash
         print(external_source_hash("wrapped:IMPLEMENTATION"))
     """)
+    import os
+    env = dict(os.environ, GRPO_ENTRY_PYTHONPATH=entry_pythonpath)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+                         check=True, env=env)
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -61,6 +63,29 @@ def test_editing_a_kernel_outside_the_wrappers_package_changes_the_digest(tmp_pa
     # A file the implementation does not reach changes nothing.
     (tmp_path / "lib" / "other.py").write_text("Y = 2\n")
     assert _digest(tmp_path) == b
+
+
+def test_every_py_file_under_the_entrys_pythonpath_is_in_the_digest(tmp_path):
+    """A helper imported inside a function, or a sibling nothing imports yet, is not
+    reached by the walk; under the entry's pythonpath it is part of the key anyway."""
+    lib = str(tmp_path / "lib")
+    a = _digest(tmp_path, entry_pythonpath=lib)
+    (tmp_path / "lib" / "other.py").write_text("Y = 2\n")  # reached by nothing
+    b = _digest(tmp_path, entry_pythonpath=lib)
+    assert b != a
+    # Outside the entry's pythonpath the walk alone decides, as before.
+    c = _digest(tmp_path)
+    (tmp_path / "lib" / "other.py").write_text("Y = 3\n")
+    assert _digest(tmp_path) == c
+    # Caches and hidden directories are not sources.
+    (tmp_path / "lib" / "__pycache__").mkdir(exist_ok=True)
+    (tmp_path / "lib" / "__pycache__" / "x.py").write_text("Z = 1\n")
+    (tmp_path / "lib" / ".hidden").mkdir()
+    (tmp_path / "lib" / ".hidden" / "y.py").write_text("Z = 1\n")
+    d = _digest(tmp_path, entry_pythonpath=lib)
+    (tmp_path / "lib" / "__pycache__" / "x.py").write_text("Z = 2\n")
+    (tmp_path / "lib" / ".hidden" / "y.py").write_text("Z = 2\n")
+    assert _digest(tmp_path, entry_pythonpath=lib) == d
 
 
 def test_the_walk_reaches_the_checkout_and_stops_at_installed_packages(tmp_path):

@@ -160,3 +160,11 @@ def test_a_bad_lm_head_fetch_is_an_error_and_an_unaligned_one_unsupported_on_tpu
         vh = dict(options, lm_head_layout="vh", chunk_vocab=120)
         assert "multiple of 16" in get(impl).support_reason(on["tpu"], knobs, vh)
         assert get(impl).support_reason(on["tpu"], knobs, dict(vh, chunk_vocab=128)) is None
+        # The boundary: exactly two whole chunks is a loop with a traced offset (refused
+        # unaligned on tpu); one whole chunk and a remainder is two static slices.
+        two = Problem("fused", 3, 7, 200, 40, "bf16", platform="tpu")
+        assert "multiple of 128" in get(impl).support_reason(two, knobs, options)
+        assert _fetch_kernels(impl, options, "cpu", v=200) > 0
+        one_and_rest = Problem("fused", 3, 7, 199, 40, "bf16", platform="tpu")
+        assert get(impl).support_reason(one_and_rest, knobs, options) is None
+        assert _fetch_kernels(impl, options, "cpu", v=199) == 0

@@ -6,6 +6,31 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 use std::path::PathBuf;
 
+/// The accelerator a `pjrt-cpu` export emulates, so a CPU verdict is never kinder than the
+/// platform it stands for: its reduced-precision f32 matmuls and what its compiler does to
+/// 16-bit round trips (grpo_jax's `precision.py`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Emulates {
+    /// XLA:TPU: DEFAULT f32 matmuls as one bf16 pass, HIGH as TF32 (coarser than its three
+    /// passes), 16-bit round trips kept.
+    #[default]
+    Tpu,
+    /// XLA:GPU on Ampere/Hopper: DEFAULT and HIGH as TF32, 16-bit round trips removed
+    /// (excess precision).
+    Gpu,
+}
+
+impl Emulates {
+    /// `tpu` or `gpu`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Emulates::Tpu => "tpu",
+            Emulates::Gpu => "gpu",
+        }
+    }
+}
+
 /// `pjrt-cpu` settings.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -16,6 +41,9 @@ pub struct PjrtCpuConfig {
     /// Number of CPU devices of the client (≥ 1).
     #[serde(default)]
     pub cpu_device_count: Option<i64>,
+    /// The accelerator whose precision the exports emulate (docs/spec.md, "Precision").
+    #[serde(default)]
+    pub emulates: Emulates,
     /// Implementations to run, in order.
     #[serde(deserialize_with = "crate::config::entry::impl_list")]
     pub implementations: Vec<ImplEntry>,

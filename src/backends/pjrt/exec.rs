@@ -96,10 +96,11 @@ impl PjrtExec {
         profile: Profile,
         plugin: Option<&PathBuf>,
         cpu_device_count: Option<i64>,
+        emulates: Option<super::Emulates>,
         implementations: &[ImplEntry],
     ) -> Result<PjrtExec> {
         if let Some(why) = profile.unavailable_reason() {
-            bail!("{why}");
+            return Err(crate::backends::NoDevice(why).into());
         }
         if profile == Profile::Tpu {
             super::tpu_aot::prepare_environment();
@@ -110,7 +111,7 @@ impl PjrtExec {
             plugin,
             cpu_device_count,
             impls: crate::config::entry::enabled(implementations),
-            exporter: Exporter::new(profile.platform())?,
+            exporter: Exporter::new(profile.platform(), emulates)?,
             worker: Mutex::new(None),
         };
         if profile.eager() {
@@ -125,6 +126,7 @@ impl PjrtExec {
             Profile::Cpu,
             cfg.plugin.as_ref(),
             cfg.cpu_device_count,
+            Some(cfg.emulates),
             &cfg.implementations,
         )
     }

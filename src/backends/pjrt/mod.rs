@@ -15,7 +15,7 @@
 
 mod config;
 
-pub use config::{PjrtCpuConfig, PjrtDeviceConfig, PjrtGpuConfig, PjrtTpuConfig, TpuAotConfig};
+pub use config::{Emulates, PjrtCpuConfig, PjrtDeviceConfig, PjrtGpuConfig, PjrtTpuConfig, TpuAotConfig};
 
 #[cfg(feature = "pjrt")]
 pub mod exec;
@@ -73,10 +73,7 @@ mod sections {
     ) {
         match r {
             Ok(x) => ok.push(x),
-            Err(e) => missing.push(Unavailable {
-                name,
-                reason: format!("{e:#}"),
-            }),
+            Err(e) => missing.push(Unavailable::of(name, &e)),
         }
     }
 
@@ -88,6 +85,7 @@ mod sections {
                 name,
                 reason: "built without `pjrt` (the default feature; build with `--features pjrt`)"
                     .into(),
+                broken: false,
             });
         }
     }
@@ -201,7 +199,7 @@ mod sections {
             };
             push(
                 section.into(),
-                exec::PjrtExec::open(profile, c.plugin.as_ref(), None, &c.implementations)
+                exec::PjrtExec::open(profile, c.plugin.as_ref(), None, None, &c.implementations)
                     .map(|x| Arc::new(x) as Arc<dyn Backend>),
                 ok,
                 missing,

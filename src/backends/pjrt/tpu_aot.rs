@@ -135,7 +135,7 @@ fn shared_exporter() -> Result<Arc<Exporter>> {
     if let Some(e) = EXPORTER.get() {
         return Ok(e.clone());
     }
-    let e = Arc::new(Exporter::new("tpu")?);
+    let e = Arc::new(Exporter::new("tpu", None)?);
     Ok(EXPORTER.get_or_init(|| e).clone())
 }
 
@@ -476,7 +476,7 @@ impl Backend for TpuAot {
         for (n, c) in work {
             if let Some(o) = super::export::find(&self.impls, n) {
                 w.push((o, *c));
-                if o.speed_budget_on(&c.id, &self.topology).is_some() {
+                if !matches!(o.speed_budget_on(&c.id, &self.topology), Ok(None)) {
                     w.push((&base, *c));
                 }
             }
@@ -525,7 +525,10 @@ impl Backend for TpuAot {
                 cell.get_or_init(|| Ok(d.clone()));
             }
         }
-        if let Some(max) = imp.speed_budget_on(&case.id, &self.topology) {
+        let budget = imp
+            .speed_budget_on(&case.id, &self.topology)
+            .map_err(|e| anyhow!("speed budget of {}: {e}", imp.display_name()))?;
+        if let Some(max) = budget {
             let g = generation.with_context(|| format!("a speed budget is configured but topology {} has no published peaks in the roofline table (v5e, v6e, tpu7x)", self.topology))?;
             let own = res.derived.as_ref().ok_or_else(|| {
                 anyhow!(
@@ -556,7 +559,7 @@ impl Backend for TpuAot {
 
     fn speed_budget(&self, implementation: &str, case: &Case) -> Option<f64> {
         self.options(implementation)
-            .and_then(|c| c.speed_budget_on(&case.id, &self.topology))
+            .and_then(|c| c.speed_budget_on(&case.id, &self.topology).ok().flatten())
     }
 }
 

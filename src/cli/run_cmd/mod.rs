@@ -95,7 +95,8 @@ pub fn run(
         return print_list(&plan, args.suite);
     }
     for u in &plan.unavailable {
-        eprintln!("note: backend {} unavailable: {}", u.name, u.reason);
+        let what = if u.broken { "error: backend" } else { "note: backend" };
+        eprintln!("{what} {} unavailable: {}", u.name, u.reason);
     }
     let scale = grpo_conformance::gates::tiers::scale();
     if scale != 1.0 {

@@ -49,14 +49,21 @@ pub(super) fn summarize(
         line.push_str(&format!("; TOLERANCES SCALED ×{scale}"));
     }
     println!("{line}; records: {}", path.display());
-    if !plan.unavailable.is_empty() {
+    let names = |broken: bool| {
+        plan.unavailable
+            .iter()
+            .filter(|u| u.broken == broken)
+            .map(|u| u.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if plan.unavailable.iter().any(|u| !u.broken) {
+        println!("unavailable backends (their trials are ignored): {}", names(false));
+    }
+    if plan.unavailable.iter().any(|u| u.broken) {
         println!(
-            "unavailable backends (their trials are ignored): {}",
-            plan.unavailable
-                .iter()
-                .map(|u| u.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            "broken backends (they need no device; their trials are errors): {}",
+            names(true)
         );
     }
     if !t.green() {

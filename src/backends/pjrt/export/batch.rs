@@ -41,6 +41,16 @@ pub enum Exported {
     Failed(String),
 }
 
+/// What an exporter exports for: the platform (`cpu`, `tpu`, `cuda`) and, on `cpu`, the
+/// accelerator whose precision it emulates (grpo_jax's `precision.py`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Platform {
+    /// The platform's name.
+    pub name: String,
+    /// On `cpu`: the accelerator it stands for.
+    pub emulates: Option<crate::backends::pjrt::Emulates>,
+}
+
 /// One export request, as the exporter reads it.
 #[derive(Debug, Serialize)]
 struct Request<'a> {
@@ -55,6 +65,8 @@ struct Request<'a> {
     knobs: &'a crate::spec::Knobs,
     impl_options: &'a serde_json::Map<String, serde_json::Value>,
     platform: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    emulates: Option<crate::backends::pjrt::Emulates>,
     #[serde(skip_serializing_if = "Option::is_none")]
     devices: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -84,7 +96,7 @@ struct Response {
 pub fn export_batch(
     env: &PyEnv,
     cache_dir: &Path,
-    platform: &str,
+    platform: &Platform,
     work: &[(&str, &serde_json::Map<String, serde_json::Value>, &Case)],
 ) -> Result<Vec<Exported>> {
     let names: Vec<&str> = work.iter().map(|w| w.0).collect();
@@ -167,7 +179,7 @@ pub(super) fn shard_by_implementation(names: &[&str], jobs: usize) -> Vec<Vec<us
 fn export_batch_one(
     env: &PyEnv,
     cache_dir: &Path,
-    platform: &str,
+    platform: &Platform,
     work: &[(&str, &serde_json::Map<String, serde_json::Value>, &Case)],
 ) -> Result<Vec<Exported>> {
     let mut lines = Vec::with_capacity(work.len());
@@ -182,7 +194,8 @@ fn export_batch_one(
             dtype: c.dtype.name(),
             knobs: &c.knobs,
             impl_options: opts,
-            platform,
+            platform: &platform.name,
+            emulates: platform.emulates,
             devices: (c.devices > 1).then_some(c.devices),
             sharding: c.sharding.filter(|_| c.devices > 1),
         };

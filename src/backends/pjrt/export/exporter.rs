@@ -1,7 +1,7 @@
 //! A backend's exporter: its Python and cache, the exports it runs, and its answers per
 //! configured implementation and case.
 
-use super::batch::{export_batch, Exported};
+use super::batch::{export_batch, Exported, Platform};
 use super::manifest::{ImplInfo, Manifest};
 use super::process::exporter_failure;
 use super::pyenv::{check_python, PyEnv};
@@ -61,7 +61,7 @@ pub struct Exporter {
     /// The artifact cache the exporter writes to.
     pub(super) cache_dir: PathBuf,
     /// The platform it exports for.
-    platform: String,
+    platform: Platform,
     /// Its answers so far, per entry ([`done_key`]) and case id.
     done: Mutex<HashMap<(String, String), Exported>>,
     /// Implementations (by name) whose module hung in the configuration check: why. Never
@@ -86,9 +86,10 @@ fn describe_entry(imp: &ImplConfig) -> String {
 }
 
 impl Exporter {
-    /// The exporter for `platform` (`cpu` or `tpu`): `GRPO_PYTHON` or the venv's Python,
-    /// `GRPO_ARTIFACTS` or `target/grpo-artifacts`. Errors say what is missing.
-    pub fn new(platform: &str) -> Result<Exporter> {
+    /// The exporter for `platform` (`cpu` or `tpu`; on `cpu`, emulating `emulates`):
+    /// `GRPO_PYTHON` or the venv's Python, `GRPO_ARTIFACTS` or `target/grpo-artifacts`.
+    /// Errors say what is missing.
+    pub fn new(platform: &str, emulates: Option<crate::backends::pjrt::Emulates>) -> Result<Exporter> {
         let python =
             crate::env::python()?.unwrap_or_else(|| crate::repo_root().join(".venv/bin/python"));
         if !python.exists() {
@@ -108,7 +109,10 @@ impl Exporter {
         Ok(Exporter {
             default_env,
             cache_dir,
-            platform: platform.into(),
+            platform: Platform {
+                name: platform.into(),
+                emulates,
+            },
             done: Mutex::new(HashMap::new()),
             broken: Mutex::new(HashMap::new()),
         })

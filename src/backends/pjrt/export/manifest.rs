@@ -64,6 +64,9 @@ pub struct Manifest {
     /// The 16-bit round trips a cpu export removed (emulated excess precision).
     #[serde(default)]
     pub round_trips: Vec<crate::precision::RoundTrip>,
+    /// A cpu export: the accelerator whose precision it emulated (`tpu`, `gpu`).
+    #[serde(default)]
+    pub emulates: Option<String>,
 }
 
 impl Manifest {
@@ -75,6 +78,7 @@ impl Manifest {
             self.declared_precision.as_deref(),
             &self.round_trips,
         )
+        .map(|r| r.emulating(self.emulates.as_deref()))
     }
 }
 

@@ -16,7 +16,7 @@ mod process;
 mod protocol;
 mod pyenv;
 
-pub use batch::{export_batch, write_atomically, Exported};
+pub use batch::{export_batch, write_atomically, Exported, Platform};
 pub use compile_failure::{explain_compile_failure, pinned_jax_version};
 pub use exporter::{entry, find, names, Exporter};
 pub use manifest::{ImplInfo, Manifest, TensorSpec};

@@ -31,6 +31,10 @@ impl PyEnv {
         let mut c = Command::new(&self.python);
         if let Some(pp) = self.child_pythonpath(std::env::var_os("PYTHONPATH")) {
             c.env("PYTHONPATH", pp);
+            let own = self.child_pythonpath(None).unwrap_or_default();
+            c.env(crate::env::ENTRY_PYTHONPATH, own);
+        } else {
+            c.env_remove(crate::env::ENTRY_PYTHONPATH);
         }
         c.env("JAX_PLATFORMS", "cpu");
         crate::child_process::end_with_parent(&mut c);

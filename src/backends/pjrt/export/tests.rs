@@ -75,6 +75,7 @@ fn manifest(jax: &str) -> Manifest {
         f32_dots: Vec::new(),
         declared_precision: None,
         round_trips: Vec::new(),
+        emulates: None,
     }
 }
 
