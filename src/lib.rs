@@ -27,6 +27,7 @@ pub mod npy;
 pub mod oracle;
 pub mod outcome;
 pub mod outputs;
+pub mod partition;
 pub mod precision;
 pub mod records;
 pub mod report;
