@@ -45,6 +45,10 @@ pub const RECORDS: &str = "GRPO_RECORDS";
 pub const CPU_OPT_LEVEL: &str = "GRPO_XLA_CPU_OPT_LEVEL";
 /// Whether `pjrt-cpu` compiles use XLA:CPU's MLIR fusion emitters.
 pub const CPU_FUSION_EMITTERS: &str = "GRPO_XLA_CPU_FUSION_EMITTERS";
+/// The test harness's shard of the plan (`I/N`, as `run --partition`).
+pub const PARTITION: &str = "GRPO_PARTITION";
+/// Records whose measured seconds weigh the harness's split (as `--partition-weights`).
+pub const PARTITION_WEIGHTS: &str = "GRPO_PARTITION_WEIGHTS";
 /// Set by the suite for its exporter: an implementation entry's `pythonpath` directories,
 /// whose `.py` files are part of the export's cache key.
 pub const ENTRY_PYTHONPATH: &str = "GRPO_ENTRY_PYTHONPATH";
@@ -69,6 +73,8 @@ pub const VARS: &[Var] = &[
     Var { name: PJRT_PLUGIN, meaning: "PJRT plugin (.so) of `pjrt-cpu` and `pjrt-gpu`; overrides the config's `plugin` (a plugin of another platform than the backend's is an error)", default: "the venv's `xla_cpu_pjrt` (`pjrt-cpu`), `jax_plugins/xla_cuda13` (`pjrt-gpu`)", read_by: "`pjrt-cpu`, `pjrt-gpu`, grpo-pjrt tests" },
     Var { name: LIBTPU, meaning: "libtpu shared library; overrides the config's `plugin`", default: "the venv's `libtpu/libtpu.so`", read_by: "`tpu-aot`, `pjrt-tpu`" },
     Var { name: RECORDS, meaning: "JSONL record file of the test harness", default: "`target/grpo-records/cargo-test-<suite>-<unix time>.jsonl`", read_by: "test harness" },
+    Var { name: PARTITION, meaning: "`I/N`: the test harness runs shard I of N of its plan (whole cases, dealt by estimated cost), the same split as `grpo-suite run --partition I/N`, and writes the shard's stamp beside its records for `grpo-suite merge` (docs/nightly.md, \"Across machines\")", default: "unset: the whole plan", read_by: "test harness" },
+    Var { name: PARTITION_WEIGHTS, meaning: "records file whose measured seconds weigh the harness's split (as `run --partition-weights`)", default: "unset: the estimate", read_by: "test harness" },
     Var { name: ENTRY_PYTHONPATH, meaning: "set by the suite for the exporter it starts (not by a user): the implementation entry's `pythonpath` directories, `:`-separated; every `.py` file under them is part of the export's cache key, so an edited helper module is exported again (docs/external.md)", default: "unset (no `pythonpath`)", read_by: "the exporter (`grpo_jax.sources`)" },
     Var { name: "GRPO_PJRT_HEADER_PATH", meaning: "`pjrt_c_api.h` to generate the binding from (build time)", default: "the venv's `xla_cpu_pjrt` wheel", read_by: "grpo-pjrt build script" },
     Var { name: "GRPO_BENCH_SHAPE", meaning: "oracle benchmark shape `BxTxV`", default: "`1x8192x151936`", read_by: "`cargo bench --bench oracle`" },
@@ -170,6 +176,18 @@ fn file(name: &str) -> Result<Option<PathBuf>> {
 /// `GRPO_RECORDS`.
 pub fn records() -> Result<Option<PathBuf>> {
     path(RECORDS)
+}
+
+/// `GRPO_PARTITION`: the harness's shard, if any.
+pub fn partition() -> Result<Option<crate::partition::Partition>> {
+    raw(PARTITION)
+        .map(|s| s.parse().map_err(|e| anyhow::anyhow!("{PARTITION}: {e}")))
+        .transpose()
+}
+
+/// `GRPO_PARTITION_WEIGHTS`: the records that weigh the harness's split, if any.
+pub fn partition_weights() -> Result<Option<PathBuf>> {
+    path(PARTITION_WEIGHTS)
 }
 
 /// `GRPO_SUITE` (default `ci`).
@@ -282,6 +300,8 @@ pub fn check_all() -> Result<()> {
         (PJRT_PLUGIN, pjrt_plugin().map(|_| ())),
         (LIBTPU, libtpu().map(|_| ())),
         (RECORDS, records().map(|_| ())),
+        (PARTITION, partition().map(|_| ())),
+        (PARTITION_WEIGHTS, partition_weights().map(|_| ())),
         (SUITE, suite().map(|_| ())),
         (TOL_SCALE, tol_scale().map(|_| ())),
         (BLESS, bless().map(|_| ())),
@@ -338,6 +358,8 @@ mod tests {
             LIBTPU,
             RECORDS,
             ENTRY_PYTHONPATH,
+            PARTITION,
+            PARTITION_WEIGHTS,
         ] {
             assert!(names.contains(&k), "{k}");
         }

@@ -244,6 +244,72 @@ impl Assignment {
     }
 }
 
+/// A split made on a plan: the stamp's fields but the run identity's, and what the
+/// split predicts.
+#[derive(Debug, Clone)]
+pub struct Split {
+    /// Which shard was kept.
+    pub partition: Partition,
+    /// The plan's digest before the split.
+    pub plan_digest: String,
+    /// `estimate`, or the weights file's digest.
+    pub weights_digest: String,
+    /// The trials kept, in plan order.
+    pub assigned: Vec<Assigned>,
+    /// The assignment (every shard's predicted seconds).
+    pub assignment: Assignment,
+    /// Trials in the plan before the split.
+    pub trials_total: usize,
+}
+
+/// Keeps shard `p` of `plan`, weighed by `weights` (else the estimate).
+pub fn split(plan: &mut crate::trials::Plan, p: Partition, weights: Option<&Weights>) -> Split {
+    let digest = plan_digest(&plan.names());
+    let a = Assignment::of(&plan.trials, p.count, weights);
+    let total = plan.trials.len();
+    plan.trials.retain(|t| a.keeps(t, p.index));
+    Split {
+        partition: p,
+        plan_digest: digest,
+        weights_digest: weights.map_or_else(|| "estimate".to_string(), |w| w.digest.clone()),
+        assigned: plan.trials.iter().map(Assigned::of).collect(),
+        assignment: a,
+        trials_total: total,
+    }
+}
+
+impl Split {
+    /// One line: the shard's trials and cases, and every shard's predicted seconds.
+    pub fn summary(&self) -> String {
+        let p = self.partition;
+        let a = &self.assignment;
+        let units = a.shard_of.values().filter(|&&k| k == p.index).count();
+        let loads: Vec<String> = a.loads.iter().map(|s| format!("{s:.0}")).collect();
+        format!(
+            "partition {p}: {} of {} trials ({units} of {} cases), predicted {:.0} s; every shard (s, {}): {}",
+            self.assigned.len(),
+            self.trials_total,
+            a.units.len(),
+            a.loads[p.index - 1],
+            if self.weights_digest == "estimate" { "estimate" } else { "measured weights" },
+            loads.join(", ")
+        )
+    }
+
+    /// The stamp of this shard of a run of `suite` with configuration digest
+    /// `config_digest`.
+    pub fn stamp(self, config_digest: &str, suite: &str) -> ShardStamp {
+        ShardStamp {
+            plan_digest: self.plan_digest,
+            partition: self.partition,
+            weights_digest: self.weights_digest,
+            config_digest: config_digest.to_string(),
+            suite: suite.to_string(),
+            assigned: self.assigned,
+        }
+    }
+}
+
 /// Digest of a plan's trial list (names in order): what every shard of one split shares.
 pub fn plan_digest(names: &[String]) -> String {
     format!("xxh3:{:016x}", xxhash_rust::xxh3::xxh3_64(names.join("\n").as_bytes()))

@@ -15,6 +15,7 @@ pub struct RecordWriter {
     out: BufWriter<File>,
     identity: Option<RunIdentity>,
     xla_cpu: String,
+    shard: Option<crate::partition::ShardLine>,
 }
 
 /// One line of a record file.
@@ -43,6 +44,10 @@ pub struct Record<'a> {
     /// Digest of the implementation's code (exported implementations; [`RunIdentity`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub code_digest: Option<&'a str>,
+    /// A shard's records (`run --partition`): the plan's digest, `I/N` and what weighed
+    /// the split, from the stamp beside the file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<&'a crate::partition::ShardLine>,
 }
 
 /// Opens `path` for appending, creating it and its directory.
@@ -59,15 +64,24 @@ fn open_append(path: &Path) -> Result<File> {
 
 impl RecordWriter {
     /// Creates (or appends to) `path`, creating its directory; fails on an invalid
-    /// XLA:CPU setting, which every line records.
+    /// XLA:CPU setting, which every line records. A shard's records (a stamp beside the
+    /// file: [`crate::partition::ShardStamp`]) carry its plan digest and `I/N` on every
+    /// line.
     pub fn open(path: &Path) -> Result<RecordWriter> {
         let xla_cpu = crate::env::xla_cpu_settings()?;
         let f = open_append(path)?;
+        let stamp = crate::partition::ShardStamp::path_for(path);
+        let shard = stamp
+            .exists()
+            .then(|| crate::partition::ShardStamp::read(path))
+            .transpose()?
+            .map(|s| s.line());
         Ok(RecordWriter {
             path: path.to_path_buf(),
             out: BufWriter::new(f),
             identity: None,
             xla_cpu,
+            shard,
         })
     }
 
@@ -104,6 +118,7 @@ impl RecordWriter {
                 .identity
                 .as_ref()
                 .and_then(|i| i.code_of(&outcome.implementation)),
+            shard: self.shard.as_ref(),
         };
         serde_json::to_writer(&mut self.out, &rec)?;
         self.out.write_all(b"\n")?;

@@ -13,7 +13,9 @@
 use grpo_conformance::backends::RunOptions;
 use grpo_conformance::cases;
 use grpo_conformance::config::Config;
+use grpo_conformance::partition::{split, Weights};
 use grpo_conformance::records::RecordWriter;
+use grpo_conformance::run_identity::RunIdentity;
 use grpo_conformance::runner::{CaseCache, Verdict};
 use grpo_conformance::trials::{Plan, Selection};
 use grpo_conformance::{env, repo_root};
@@ -43,6 +45,16 @@ fn main() {
     let mut plan = Plan::build(&matrix, suite, &config, &env::require_backends(), bless)
         .unwrap_or_else(|e| fail(e));
     let full_list = plan.names();
+    // GRPO_PARTITION=I/N: the same split as `grpo-suite run --partition I/N`, before
+    // libtest's filter (a shard of the whole plan; nextest then runs its tests).
+    let split = env::partition().unwrap_or_else(|e| fail(e)).map(|p| {
+        let weights = env::partition_weights()
+            .unwrap_or_else(|e| fail(e))
+            .map(|w| Weights::read(&w).unwrap_or_else(|e| fail(e)));
+        let s = split(&mut plan, p, weights.as_ref());
+        eprintln!("{}", s.summary());
+        s
+    });
     plan.select(&Selection {
         filters: args.filter.iter().cloned().collect(),
         skip: args.skip.clone(),
@@ -108,8 +120,19 @@ fn main() {
                     .join("target/grpo-records")
                     .join(format!("cargo-test-{}-{t}.jsonl", suite.name()))
             });
+        // Stamped with the run identity (what `--resume` and `merge` check) and, for a
+        // shard, the plan's stamp beside the file.
+        let identity =
+            RunIdentity::of(suite.name(), &config_path, &config).unwrap_or_else(|e| fail(e));
+        if let Some(s) = split {
+            s.stamp(&identity.config_digest, suite.name())
+                .write(&path)
+                .unwrap_or_else(|e| fail(e));
+        }
         Arc::new(Mutex::new(
-            RecordWriter::open(&path).unwrap_or_else(|e| fail(e)),
+            RecordWriter::open(&path)
+                .unwrap_or_else(|e| fail(e))
+                .with_identity(identity),
         ))
     };
     let cache = Arc::new(CaseCache::default());

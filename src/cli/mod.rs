@@ -120,6 +120,21 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Merge the records of a split run's shards (`run --partition I/N`) into one records
+    /// file, which `compare`, `report` and `run --resume` take as an unsplit run's.
+    /// Refuses shards of different runs, a duplicate or missing index, a trial in two
+    /// shards or outside its shard's assignment, and an assigned trial without a record.
+    Merge {
+        /// The merged records file to write.
+        out: PathBuf,
+        /// The shards' records files, or directories holding them (each `*.jsonl` with its
+        /// `.plan.json` stamp).
+        #[arg(required = true)]
+        shards: Vec<PathBuf>,
+        /// Write an assigned trial without a record as an ERROR line instead of refusing.
+        #[arg(long)]
+        allow_incomplete: bool,
+    },
     /// Write a self-contained HTML report (report.html) and its Markdown summary
     /// (report.md) of a run's records, optionally compared with a baseline run.
     Report {
@@ -275,6 +290,26 @@ pub fn dispatch(cli: Cli) -> Result<()> {
             if c.regressed() {
                 std::process::exit(1);
             }
+            Ok(())
+        }
+        Command::Merge {
+            out,
+            shards,
+            allow_incomplete,
+        } => {
+            let files = grpo_conformance::merge::shard_files(&shards)?;
+            let m = grpo_conformance::merge::merge(&out, &files, allow_incomplete)?;
+            println!(
+                "merged {} shards: {} records into {}{}",
+                m.shards,
+                m.lines,
+                out.display(),
+                if m.missing.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {} assigned trials without a record are ERROR lines", m.missing.len())
+                }
+            );
             Ok(())
         }
         Command::Inputs { case_id, out } => {

@@ -49,6 +49,16 @@ pub struct RunArgs {
     /// loads against this suite.
     #[arg(long, requires = "list")]
     pub load_only: bool,
+    /// Run shard I of N of the selected plan (1-based): whole cases (each with every trial
+    /// that shares its inputs and oracle), dealt longest first by estimated cost; the
+    /// records carry the plan's stamp (`<records>.plan.json`) for `grpo-suite merge`
+    /// (docs/nightly.md, "Across machines").
+    #[arg(long, value_name = "I/N")]
+    pub partition: Option<grpo_conformance::partition::Partition>,
+    /// Weigh the split by the seconds an earlier run's records measured per trial (an
+    /// estimate for a trial it lacks). Every shard must be given the same file.
+    #[arg(long, value_name = "RECORDS", requires = "partition")]
+    pub partition_weights: Option<PathBuf>,
     /// Skip the trials this record file already has and append the rest to it.
     #[arg(long, value_name = "RECORDS")]
     pub resume: Option<PathBuf>,

@@ -24,6 +24,7 @@ use std::collections::HashSet;
 
 mod args;
 mod execute;
+mod shard;
 mod supervise;
 mod table;
 
@@ -81,6 +82,10 @@ pub fn run(
     }
     args.check_impls(&plan, &config)?;
     plan.select(&args.selection());
+    let split = match (args.partition, args.worker.is_some()) {
+        (Some(p), false) => Some(shard::split(&mut plan, p, args.partition_weights.as_deref())?),
+        _ => None,
+    };
     let opts = args.run_options(&config);
     if args.list && args.load_only {
         // Before the run identity, which hashes the entries' sources on this machine.
@@ -108,6 +113,7 @@ pub fn run(
     let path = args.records_path()?;
     // One run writes a records file at a time; the lock lasts until this function returns.
     let _writer = SingleWriter::take(&path)?;
+    shard::stamp(&path, split, args.suite, &identity)?;
     let mut previous: Vec<TrialOutcome> = Vec::new();
     if let Some(r) = &args.resume {
         previous = supervise::resume(r, &mut plan, &identity)?;

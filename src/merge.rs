@@ -1,0 +1,257 @@
+//! `grpo-suite merge OUT SHARD…`: the records of a split run's shards (`run --partition
+//! I/N`, each with its stamp beside it) put back into one records file that `compare`,
+//! `report` and `--resume` take as they take an unsplit run's.
+//!
+//! Refused, in one line naming the file and the field: a records file without a stamp,
+//! shards of different plans, configurations, suites, weights or counts, a duplicate or
+//! missing index, a line whose `shard` disagrees with its file's stamp, a trial in two
+//! shards, a trial outside its shard's assignment. An assigned trial with no record is
+//! refused too, or with `allow_incomplete` written as an ERROR line.
+
+use crate::outcome::TrialOutcome;
+use crate::partition::{ShardLine, ShardStamp};
+use crate::runner::Verdict;
+use anyhow::{bail, Context, Result};
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// What a merge wrote.
+#[derive(Debug, Default)]
+pub struct Merged {
+    /// Shards read.
+    pub shards: usize,
+    /// Record lines written.
+    pub lines: usize,
+    /// Assigned trials without a record, written as ERROR lines (`allow_incomplete`).
+    pub missing: Vec<String>,
+}
+
+/// The records files `inputs` name: each file as it is, each directory's `*.jsonl` files
+/// (sorted) that have a stamp beside them.
+pub fn shard_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in inputs {
+        if p.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("cannot read directory {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| {
+                    f.extension().is_some_and(|x| x == "jsonl")
+                        && ShardStamp::path_for(f).exists()
+                })
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                bail!("{}: no shard records in it (a `*.jsonl` with its `.plan.json` stamp)", p.display());
+            }
+            out.extend(found);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// One shard: its stamp and its record lines (file order; a cut-short last line dropped).
+struct Shard {
+    path: PathBuf,
+    stamp: ShardStamp,
+    lines: Vec<(usize, Map<String, Value>)>,
+}
+
+fn read_shard(path: &Path) -> Result<Shard> {
+    let stamp = ShardStamp::read(path)?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read records {}", path.display()))?;
+    let all: Vec<&str> = text.lines().collect();
+    let mut lines = Vec::new();
+    for (k, l) in all.iter().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        match serde_json::from_str::<Map<String, Value>>(l) {
+            Ok(m) => lines.push((k + 1, m)),
+            // A last line cut short (a killed shard): that trial has no record.
+            Err(_) if k + 1 == all.len() && !text.ends_with('\n') => {}
+            Err(e) => bail!("{}:{}: unreadable record line ({e})", path.display(), k + 1),
+        }
+    }
+    Ok(Shard {
+        path: path.to_path_buf(),
+        stamp,
+        lines,
+    })
+}
+
+/// Merges the shard records `files` into `out` (written atomically).
+pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Merged> {
+    if files.is_empty() {
+        bail!("no shard records given");
+    }
+    if files.iter().any(|f| f == out) {
+        bail!("{}: the output is one of the shards; write the merged run to another file", out.display());
+    }
+    let shards: Vec<Shard> = files.iter().map(|f| read_shard(f)).collect::<Result<_>>()?;
+    let first = &shards[0];
+    // One plan: the same digest, count, weights, configuration and suite everywhere.
+    for s in &shards[1..] {
+        let fields = [
+            ("plan_digest", &first.stamp.plan_digest, &s.stamp.plan_digest),
+            ("weights_digest", &first.stamp.weights_digest, &s.stamp.weights_digest),
+            ("config_digest", &first.stamp.config_digest, &s.stamp.config_digest),
+            ("suite", &first.stamp.suite, &s.stamp.suite),
+        ];
+        for (field, a, b) in fields {
+            if a != b {
+                bail!(
+                    "{}: field `{field}` is {b}, but {} has {a}: shards of different runs",
+                    s.path.display(),
+                    first.path.display()
+                );
+            }
+        }
+        if s.stamp.partition.count != first.stamp.partition.count {
+            bail!(
+                "{}: field `partition` is {}, but {} is {}: splits into different counts",
+                s.path.display(),
+                s.stamp.partition,
+                first.path.display(),
+                first.stamp.partition
+            );
+        }
+    }
+    let n = first.stamp.partition.count;
+    let mut by_index: BTreeMap<usize, &Path> = BTreeMap::new();
+    for s in &shards {
+        if let Some(other) = by_index.insert(s.stamp.partition.index, &s.path) {
+            bail!(
+                "{}: field `partition` is {}, as is {}: a shard given twice",
+                s.path.display(),
+                s.stamp.partition,
+                other.display()
+            );
+        }
+    }
+    let missing: Vec<String> = (1..=n)
+        .filter(|i| !by_index.contains_key(i))
+        .map(|i| format!("{i}/{n}"))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "shard{} {} missing from the split into {n} (given: {})",
+            if missing.len() == 1 { "" } else { "s" },
+            missing.join(", "),
+            by_index.keys().map(|i| format!("{i}/{n}")).collect::<Vec<_>>().join(", ")
+        );
+    }
+    // The code digest each implementation's lines carry (for an ERROR line's).
+    let mut code: HashMap<String, Value> = HashMap::new();
+    for (_, m) in shards.iter().flat_map(|s| &s.lines) {
+        if let (Some(i), Some(d)) = (m.get("implementation").and_then(Value::as_str), m.get("code_digest")) {
+            code.entry(i.to_string()).or_insert_with(|| d.clone());
+        }
+    }
+    // Every line: its own shard's, assigned to it, in no other shard.
+    let mut owner: HashMap<String, &Path> = HashMap::new();
+    let mut out_lines: Vec<Map<String, Value>> = Vec::new();
+    let mut incomplete: Vec<String> = Vec::new();
+    for s in &shards {
+        let assigned: HashMap<&str, usize> = s
+            .stamp
+            .assigned
+            .iter()
+            .enumerate()
+            .map(|(k, a)| (a.name.as_str(), k))
+            .collect();
+        let want = s.stamp.line();
+        let mut last: HashMap<String, Map<String, Value>> = HashMap::new();
+        for (line, m) in &s.lines {
+            let at = || format!("{}:{line}", s.path.display());
+            let shard: Option<ShardLine> = m.get("shard").cloned().and_then(|v| serde_json::from_value(v).ok());
+            if shard.as_ref() != Some(&want) {
+                bail!(
+                    "{}: field `shard` is {}, but the file's stamp says {} of plan {}",
+                    at(),
+                    shard.map_or("absent".to_string(), |x| format!("{} of plan {}", x.partition, x.plan_digest)),
+                    want.partition,
+                    want.plan_digest
+                );
+            }
+            let name = m.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+            if !assigned.contains_key(name.as_str()) {
+                bail!("{}: trial `{name}` is not assigned to shard {}", at(), want.partition);
+            }
+            if let Some(other) = owner.get(&name).filter(|o| **o != s.path) {
+                bail!("{}: trial `{name}` is in shard {} and in {} too", at(), want.partition, other.display());
+            }
+            owner.insert(name.clone(), &s.path);
+            let mut m = m.clone();
+            m.remove("shard");
+            last.insert(name, m);
+        }
+        // In the stamp's (plan) order; a trial recorded twice (a resumed shard) once.
+        let template = s.lines.first().map(|(_, m)| m.clone());
+        for a in &s.stamp.assigned {
+            match last.remove(&a.name) {
+                Some(m) => out_lines.push(m),
+                None => {
+                    incomplete.push(format!("{} ({})", a.name, s.stamp.partition));
+                    let mut m = error_line(a, &s.stamp, template.as_ref())?;
+                    if let Some(d) = code.get(&a.key.1) {
+                        m.insert("code_digest".into(), d.clone());
+                    }
+                    out_lines.push(m);
+                }
+            }
+        }
+    }
+    if !incomplete.is_empty() && !allow_incomplete {
+        bail!(
+            "{} assigned trial{} no record (first: {}): run the shard again with --resume, or merge with --allow-incomplete (each becomes an ERROR line)",
+            incomplete.len(),
+            if incomplete.len() == 1 { " has" } else { "s have" },
+            incomplete[0]
+        );
+    }
+    let mut text = String::new();
+    for m in &out_lines {
+        text.push_str(&serde_json::to_string(m)?);
+        text.push('\n');
+    }
+    crate::atomic_file::replace(out, text.as_bytes())
+        .with_context(|| format!("cannot write {}", out.display()))?;
+    Ok(Merged {
+        shards: shards.len(),
+        lines: out_lines.len(),
+        missing: incomplete,
+    })
+}
+
+/// The record of an assigned trial its shard left without one: an ERROR, with the run
+/// identity fields of the shard's other lines (so `--resume` of the merged file runs it).
+fn error_line(
+    a: &crate::partition::Assigned,
+    stamp: &ShardStamp,
+    template: Option<&Map<String, Value>>,
+) -> Result<Map<String, Value>> {
+    let mut o = TrialOutcome::new(a.name.clone(), a.kind, &a.key.0, &a.key.1, &a.key.2);
+    o.verdict = Verdict::Error(format!(
+        "shard {} left no record of it (killed or stopped before it ran): run the shard again with --resume",
+        stamp.partition
+    ));
+    let mut m = match serde_json::to_value(&o)? {
+        Value::Object(m) => m,
+        _ => unreachable!("an outcome is an object"),
+    };
+    m.insert("suite".into(), Value::String(stamp.suite.clone()));
+    m.insert("config_digest".into(), Value::String(stamp.config_digest.clone()));
+    if let Some(t) = template {
+        for k in ["unix_time", "host", "oracle_version", "generator_version", "tol_scale", "xla_cpu"] {
+            if let Some(v) = t.get(k) {
+                m.insert(k.into(), v.clone());
+            }
+        }
+    }
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,124 @@
+use super::*;
+use crate::outcome::TrialKind;
+use crate::partition::{Assigned, Partition};
+
+/// Writes shard `index`/`count` of plan `plan` to `dir/<file>`: its stamp assigning
+/// `assigned`, and a record line for each of `recorded`.
+fn shard(dir: &Path, file: &str, index: usize, count: usize, plan: &str, assigned: &[&str], recorded: &[&str]) -> PathBuf {
+    let path = dir.join(file);
+    let stamp = ShardStamp {
+        plan_digest: plan.into(),
+        partition: Partition { index, count },
+        weights_digest: "estimate".into(),
+        config_digest: "xxh3:c".into(),
+        suite: "ci".into(),
+        assigned: assigned
+            .iter()
+            .map(|n| Assigned {
+                name: n.to_string(),
+                kind: TrialKind::Run,
+                key: ("pjrt-cpu".into(), "jax_baseline".into(), n.to_string()),
+            })
+            .collect(),
+    };
+    stamp.write(&path).unwrap();
+    let mut text = String::new();
+    for n in recorded {
+        let mut o = TrialOutcome::new(n.to_string(), TrialKind::Run, "pjrt-cpu", "jax_baseline", n);
+        o.wall_s = 1.0;
+        let mut m = match serde_json::to_value(&o).unwrap() {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        m.insert("suite".into(), "ci".into());
+        m.insert("config_digest".into(), "xxh3:c".into());
+        m.insert("code_digest".into(), "xxh3:k".into());
+        m.insert("shard".into(), serde_json::to_value(stamp.line()).unwrap());
+        text.push_str(&serde_json::to_string(&m).unwrap());
+        text.push('\n');
+    }
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn refused(out: &Path, files: &[PathBuf]) -> String {
+    let e = merge(out, files, false).unwrap_err().to_string();
+    assert!(!e.contains('\n'), "{e}");
+    e
+}
+
+#[test]
+fn complete_shards_merge_into_one_run_without_their_stamps() {
+    let d = tempfile::tempdir().unwrap();
+    let a = shard(d.path(), "1.jsonl", 1, 2, "p", &["a", "b"], &["a", "b"]);
+    let b = shard(d.path(), "2.jsonl", 2, 2, "p", &["c"], &["c"]);
+    let out = d.path().join("all.jsonl");
+    let m = merge(&out, &shard_files(&[d.path().to_path_buf()]).unwrap(), false).unwrap();
+    assert_eq!((m.shards, m.lines), (2, 3));
+    let back = crate::records::read(&out).unwrap();
+    let names: Vec<&str> = back.outcomes.iter().map(|o| o.name.as_str()).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    assert!(!std::fs::read_to_string(&out).unwrap().contains("\"shard\""));
+    // The same files named one by one.
+    merge(&out, &[a, b], false).unwrap();
+}
+
+#[test]
+fn each_bad_input_is_refused_in_one_line_naming_the_file_and_field() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let out = p.join("out.jsonl");
+    let one = shard(p, "1.jsonl", 1, 2, "p", &["a"], &["a"]);
+    let two = shard(p, "2.jsonl", 2, 2, "p", &["b"], &["b"]);
+    // No stamp.
+    std::fs::write(p.join("bare.jsonl"), "").unwrap();
+    assert!(refused(&out, &[one.clone(), p.join("bare.jsonl")]).contains("no shard stamp beside it"));
+    // Another plan.
+    let other = shard(p, "o.jsonl", 2, 2, "q", &["b"], &["b"]);
+    let e = refused(&out, &[one.clone(), other]);
+    assert!(e.contains("o.jsonl") && e.contains("field `plan_digest`"), "{e}");
+    // Another count.
+    let three = shard(p, "t.jsonl", 2, 3, "p", &["b"], &["b"]);
+    assert!(refused(&out, &[one.clone(), three]).contains("field `partition`"));
+    // An index twice, an index missing.
+    let again = shard(p, "again.jsonl", 1, 2, "p", &["a"], &["a"]);
+    assert!(refused(&out, &[one.clone(), again]).contains("a shard given twice"));
+    assert!(refused(&out, &[one.clone()]).contains("shard 2/2 missing"));
+    // A trial in two shards; a trial outside its shard's assignment.
+    let dup = shard(p, "dup.jsonl", 2, 2, "p", &["a", "b"], &["a", "b"]);
+    let e = refused(&out, &[one.clone(), dup]);
+    assert!(e.contains("trial `a` is in shard 2/2 and in"), "{e}");
+    let stray = shard(p, "stray.jsonl", 2, 2, "p", &["b"], &["b", "z"]);
+    let e = refused(&out, &[one.clone(), stray]);
+    assert!(e.contains("stray.jsonl:2") && e.contains("trial `z` is not assigned to shard 2/2"), "{e}");
+    // A line of another shard pasted in (its `shard` field disagrees with the stamp).
+    let mut text = std::fs::read_to_string(&two).unwrap();
+    text.push_str(&std::fs::read_to_string(&one).unwrap());
+    let mixed = p.join("mixed.jsonl");
+    std::fs::write(&mixed, text).unwrap();
+    std::fs::copy(ShardStamp::path_for(&two), ShardStamp::path_for(&mixed)).unwrap();
+    let e = refused(&out, &[one.clone(), mixed]);
+    assert!(e.contains("mixed.jsonl:2: field `shard` is 1/2"), "{e}");
+    // The output among the inputs.
+    assert!(refused(&one, &[one.clone(), two.clone()]).contains("the output is one of the shards"));
+}
+
+#[test]
+fn an_assigned_trial_without_a_record_is_refused_or_an_error_line() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let one = shard(p, "1.jsonl", 1, 2, "p", &["a", "b"], &["a"]);
+    let two = shard(p, "2.jsonl", 2, 2, "p", &["c"], &["c"]);
+    let out = p.join("out.jsonl");
+    let e = refused(&out, &[one.clone(), two.clone()]);
+    assert!(e.contains("1 assigned trial has no record (first: b (1/2))"), "{e}");
+    let m = merge(&out, &[one, two], true).unwrap();
+    assert_eq!(m.missing.len(), 1);
+    let back = crate::records::read(&out).unwrap();
+    let b = back.outcomes.iter().find(|o| o.name == "b").unwrap();
+    assert!(matches!(&b.verdict, Verdict::Error(m) if m.contains("shard 1/2 left no record")), "{:?}", b.verdict);
+    // It carries the run's identity, so --resume of the merged file accepts it.
+    let ids = crate::run_identity::read(&out).unwrap();
+    assert!(ids.iter().all(|(_, r)| r.config_digest.as_deref() == Some("xxh3:c")));
+    assert!(ids.iter().all(|(_, r)| r.code_digest.as_deref() == Some("xxh3:k")));
+}
