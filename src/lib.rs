@@ -23,6 +23,7 @@ pub mod golden;
 pub mod host_memory;
 pub mod inputs;
 pub mod judge;
+pub mod listing;
 pub mod merge;
 pub mod npy;
 pub mod oracle;

@@ -244,7 +244,22 @@ impl Plan {
         required: &[String],
         bless: bool,
     ) -> Result<Plan> {
-        Plan::build_inner(matrix, suite, config, required, bless, true, true)
+        Plan::build_inner(matrix, suite, config, required, bless, true, true, None)
+    }
+
+    /// [`Plan::build`] opening only the backends `open` names (a process of the harness
+    /// under cargo-nextest runs one trial: no GPU or TPU client, no Python check, for a
+    /// backend it does not use); the others' trials are unavailable ("not opened"). An
+    /// empty list opens none: the plan of a listing.
+    pub fn build_opening(
+        matrix: &Matrix,
+        suite: Suite,
+        config: &Config,
+        required: &[String],
+        bless: bool,
+        open: &[String],
+    ) -> Result<Plan> {
+        Plan::build_inner(matrix, suite, config, required, bless, !open.is_empty(), true, Some(open))
     }
 
     /// [`Plan::build`] (or, with `worker`, [`Plan::build_for_worker`]) over a matrix that
@@ -258,7 +273,7 @@ impl Plan {
         required: &[String],
         worker: bool,
     ) -> Result<Plan> {
-        Plan::build_inner(matrix, suite, config, required, false, !worker, false)
+        Plan::build_inner(matrix, suite, config, required, false, !worker, false, None)
     }
 
     /// [`Plan::build`] for a worker process of `grpo-suite run`: its parent has already
@@ -271,7 +286,7 @@ impl Plan {
         config: &Config,
         required: &[String],
     ) -> Result<Plan> {
-        Plan::build_inner(matrix, suite, config, required, false, false, true)
+        Plan::build_inner(matrix, suite, config, required, false, false, true, None)
     }
 
     /// [`Plan::build`] without asking any backend to check its implementations (nothing
@@ -287,6 +302,7 @@ impl Plan {
         Plan::build_for_worker(matrix, suite, config, required)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn build_inner(
         matrix: &Matrix,
         suite: Suite,
@@ -295,6 +311,7 @@ impl Plan {
         bless: bool,
         validate: bool,
         own_matrix: bool,
+        open: Option<&[String]>,
     ) -> Result<Plan> {
         for r in required {
             if !config.backends.names().contains(r) {
@@ -306,7 +323,23 @@ impl Plan {
                 );
             }
         }
-        let (ready, unavailable) = backends::available(&config.backends, config.export_timeout_s);
+        let (ready, unavailable) = match open {
+            None => backends::available(&config.backends, config.export_timeout_s),
+            Some(names) => {
+                let mut only = config.backends.clone();
+                only.retain_backends(names);
+                let (ready, mut unavailable) = backends::available(&only, config.export_timeout_s);
+                let opened = only.names();
+                for n in config.backends.names().into_iter().filter(|n| !opened.contains(n)) {
+                    unavailable.push(backends::Unavailable {
+                        name: n,
+                        reason: "not opened (this process runs none of its trials)".into(),
+                        broken: false,
+                    });
+                }
+                (ready, unavailable)
+            }
+        };
         for b in ready.iter().filter(|_| validate) {
             b.validate()
                 .map_err(|e| anyhow::anyhow!("{}: backend `{}`: {e:#}", config.origin, b.name()))?;

@@ -2434,3 +2434,171 @@ mod bench {
         assert!(stderr(&o).contains("--timeout must be at least 1"));
     }
 }
+
+#[cfg(feature = "pjrt")]
+mod partition {
+    use super::*;
+
+    /// `run --suite smoke --filter logits/f32 --partition I/2` into `records`.
+    fn shard(records: &Path, i: usize, extra: &[&str]) -> Output {
+        grpo_suite()
+            .args(["run", "--suite", "smoke", "--filter", "logits/f32", "--records"])
+            .arg(records)
+            .args(["--partition", &format!("{i}/2")])
+            .args(extra)
+            .output()
+            .unwrap()
+    }
+
+    fn names(records: &Path) -> Vec<String> {
+        let mut v: Vec<String> = grpo_conformance::records::read(records)
+            .unwrap()
+            .outcomes
+            .into_iter()
+            .map(|o| o.name)
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_shard_killed_midway_resumes_and_the_merge_loses_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let (one, two) = (d.path().join("s1.jsonl"), d.path().join("s2.jsonl"));
+        for (i, p) in [(1, &one), (2, &two)] {
+            let o = shard(p, i, &[]);
+            assert!(o.status.success(), "{}", stderr(&o));
+            assert!(stderr(&o).contains(&format!("partition {i}/2: ")), "{}", stderr(&o));
+        }
+        // The whole selection, unsplit: the shards hold exactly its trials, once.
+        let whole = d.path().join("whole.jsonl");
+        let o = grpo_suite()
+            .args(["run", "--suite", "smoke", "--filter", "logits/f32", "--records"])
+            .arg(&whole)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        // Shard 1 killed midway: half its lines, the last one cut short.
+        let text = std::fs::read_to_string(&one).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let keep = lines.len() / 2;
+        let mut cut = lines[..keep].join("\n");
+        cut.push('\n');
+        cut.push_str(&lines[keep][..lines[keep].len() / 2]);
+        std::fs::write(&one, cut).unwrap();
+        let out = d.path().join("merged.jsonl");
+        let merge = |extra: &[&str]| {
+            grpo_suite()
+                .arg("merge")
+                .arg(&out)
+                .args([&one, &two])
+                .args(extra)
+                .output()
+                .unwrap()
+        };
+        let o = merge(&[]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("no record"), "{}", stderr(&o));
+        // Another shard's arguments, or none, are refused on resume.
+        let o = shard(&one, 2, &["--resume"]);
+        assert!(!o.status.success());
+        let o = grpo_suite()
+            .args(["run", "--suite", "smoke", "--filter", "logits/f32", "--resume"])
+            .arg(&one)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("resume it with --partition 1/2"), "{}", stderr(&o));
+        // Resumed with its own arguments: then the merge is the whole run.
+        let o = grpo_suite()
+            .args(["run", "--suite", "smoke", "--filter", "logits/f32", "--partition", "1/2", "--resume"])
+            .arg(&one)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let o = merge(&[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(names(&out), names(&whole));
+        // compare takes the merged run as an unsplit one: the same verdicts.
+        let o = grpo_suite().arg("compare").args([&whole, &out]).arg("--json").output().unwrap();
+        let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let changed = |k: &str| {
+            c[k].as_array()
+                .unwrap()
+                .iter()
+                .filter(|x| ["verdict", "vanished", "appeared", "error"].contains(&x["what"].as_str().unwrap()))
+                .count()
+        };
+        assert_eq!((changed("regressions"), changed("improvements")), (0, 0), "{c}");
+        assert_eq!(c["matched"].as_u64().unwrap() as usize, names(&whole).len());
+    }
+}
+
+#[cfg(feature = "pjrt")]
+mod nextest {
+    use super::*;
+
+    /// The conformance harness built beside this test binary (the newest one).
+    fn harness() -> std::path::PathBuf {
+        let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+        std::fs::read_dir(&deps)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| {
+                let n = p.file_name().unwrap().to_string_lossy();
+                n.starts_with("conformance-") && p.extension().is_none()
+            })
+            .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+            .expect("the conformance harness is built (cargo test builds every test target)")
+    }
+
+    fn run(suite: &str, args: &[&str], records: Option<&Path>) -> Output {
+        let mut c = Command::new(harness());
+        c.env("GRPO_SUITE", suite).env_remove("GRPO_PARTITION").args(args);
+        if let Some(r) = records {
+            c.env("GRPO_RECORDS", r);
+        }
+        c.output().unwrap()
+    }
+
+    fn listed(o: &Output) -> Vec<String> {
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.strip_suffix(": test"))
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn the_harness_answers_as_nextest_asks() {
+        // --list --format terse: every trial that would run or be ignored, no
+        // not-applicable combination (a logits-level kernel on a fused case).
+        let all = run("ci", &["--list", "--format", "terse"], None);
+        assert!(all.status.success(), "{}", stderr(&all));
+        let all = listed(&all);
+        let case = "logits/f32/b2_t8_v2049/grpo/eps0.2-0.28/beta0/normal1-random-mixed";
+        assert!(all.contains(&format!("pjrt-cpu/jax_baseline/{case}")));
+        assert!(all.contains(&"harness/same-trials-as-cli".to_string()));
+        assert!(!all.iter().any(|n| n.starts_with("pjrt-cpu/pallas_logits@8x512/fused/")), "a not-applicable trial is listed");
+        // --ignored: the compile-only cases on executing backends, and only ignored ones.
+        let ig = run("ci", &["--list", "--format", "terse", "--ignored"], None);
+        assert!(ig.status.success(), "{}", stderr(&ig));
+        let ig = listed(&ig);
+        let compile_only = "pjrt-cpu/jax_baseline/fused/bf16/b2_t1024_v32001_h1024/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed";
+        assert!(ig.contains(&compile_only.to_string()), "{ig:?}");
+        assert!(!ig.contains(&format!("pjrt-cpu/jax_baseline/{case}")));
+        assert!(ig.iter().all(|n| all.contains(n)));
+        // --exact NAME --nocapture: that trial alone, recorded with the run identity.
+        let d = tempfile::tempdir().unwrap();
+        let rec = d.path().join("r.jsonl");
+        let name = format!("pjrt-cpu/jax_baseline/{case}");
+        let o = run("smoke", &["--exact", &name, "--nocapture"], Some(&rec));
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("1 passed"), "{}", String::from_utf8_lossy(&o.stdout));
+        let back = grpo_conformance::records::read(&rec).unwrap().outcomes;
+        assert_eq!(back.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), [name.as_str()]);
+        let ids = grpo_conformance::run_identity::read(&rec).unwrap();
+        assert!(ids.iter().all(|(_, r)| r.config_digest.is_some()));
+    }
+}

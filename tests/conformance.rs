@@ -13,6 +13,7 @@
 use grpo_conformance::backends::RunOptions;
 use grpo_conformance::cases;
 use grpo_conformance::config::Config;
+use grpo_conformance::listing;
 use grpo_conformance::partition::{split, Weights};
 use grpo_conformance::records::RecordWriter;
 use grpo_conformance::run_identity::RunIdentity;
@@ -21,6 +22,16 @@ use grpo_conformance::trials::{Plan, Selection};
 use grpo_conformance::{env, repo_root};
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use std::sync::{Arc, Mutex};
+
+/// The `grpo-suite` binary: where nextest says it is when it runs an extracted test
+/// archive (`NEXTEST_BIN_EXE_grpo-suite`), else where cargo built it.
+fn grpo_suite_binary() -> std::path::PathBuf {
+    ["NEXTEST_BIN_EXE_grpo-suite", "NEXTEST_BIN_EXE_grpo_suite"]
+        .iter()
+        .find_map(std::env::var_os)
+        .map(Into::into)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_grpo-suite").into())
+}
 
 fn fail(e: impl std::fmt::Display) -> ! {
     eprintln!("error: {e:#}");
@@ -42,8 +53,24 @@ fn main() {
     let config_path = Config::path_for(None, suite).unwrap_or_else(|e| fail(e));
     let config = Config::load(&config_path).unwrap_or_else(|e| fail(e));
     let bless = env::bless().unwrap_or_else(|e| fail(e));
-    let mut plan = Plan::build(&matrix, suite, &config, &env::require_backends(), bless)
-        .unwrap_or_else(|e| fail(e));
+    // A listing opens no backend; a process that runs one named trial (`--exact NAME`,
+    // as cargo-nextest starts one per test) opens only that trial's backend.
+    let backend_names = config.backends.names();
+    let open: Option<Vec<String>> = if args.list {
+        Some(Vec::new())
+    } else if args.exact {
+        args.filter
+            .as_deref()
+            .map(|f| listing::backend_of(f, &backend_names).into_iter().cloned().collect())
+    } else {
+        None
+    };
+    let required = env::require_backends();
+    let mut plan = match &open {
+        Some(o) => Plan::build_opening(&matrix, suite, &config, &required, bless, o),
+        None => Plan::build(&matrix, suite, &config, &required, bless),
+    }
+    .unwrap_or_else(|e| fail(e));
     let full_list = plan.names();
     // GRPO_PARTITION=I/N: the same split as `grpo-suite run --partition I/N`, before
     // libtest's filter (a shard of the whole plan; nextest then runs its tests).
@@ -67,7 +94,7 @@ fn main() {
     {
         let cfg = config_path.clone();
         trials.push(Trial::test("harness/same-trials-as-cli", move || {
-            let o = std::process::Command::new(env!("CARGO_BIN_EXE_grpo-suite"))
+            let o = std::process::Command::new(grpo_suite_binary())
                 .args(["run", "--suite", suite.name(), "--list", "--config"])
                 .arg(&cfg)
                 .output()
@@ -91,12 +118,17 @@ fn main() {
     }
 
     if args.list {
-        // Listing prepares nothing: no export, no inputs.
-        trials.extend(
-            plan.trials
-                .iter()
-                .map(|t| Trial::test(t.name.clone(), || Ok(()))),
-        );
+        // Listing prepares nothing: no export, no inputs, no backend opened. Not-applicable
+        // combinations are not tests; trials known to be ignored are listed as ignored
+        // (`--list --ignored`), so cargo-nextest starts no process for either.
+        let levels = listing::exporter_levels().unwrap_or_else(|e| fail(e));
+        for t in &plan.trials {
+            match listing::verdict(t, &levels, &config) {
+                Some(Verdict::NotApplicable(_)) => {}
+                Some(_) => trials.push(Trial::test(t.name.clone(), || Ok(())).with_ignored_flag(true)),
+                None => trials.push(Trial::test(t.name.clone(), || Ok(()))),
+            }
+        }
         let conclusion = libtest_mimic::run(&args, trials);
         // The backends (their PJRT clients) end before the process does: a CUDA plugin
         // logs an error per executable that outlives its context at exit.
@@ -111,14 +143,27 @@ fn main() {
     let records = {
         let path = env::records()
             .unwrap_or_else(|e| fail(e))
-            .unwrap_or_else(|| {
-                let t = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0);
-                repo_root()
-                    .join("target/grpo-records")
-                    .join(format!("cargo-test-{}-{t}.jsonl", suite.name()))
+            .unwrap_or_else(|| match std::env::var("NEXTEST_RUN_ID") {
+                // Under cargo-nextest, one file per process (per test attempt) in one
+                // directory per run.
+                Ok(run) => {
+                    let attempt = std::env::var("NEXTEST_ATTEMPT_ID")
+                        .map(|a| a.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_"))
+                        .unwrap_or_else(|_| std::process::id().to_string());
+                    repo_root()
+                        .join("target/grpo-records")
+                        .join(format!("nextest-{run}"))
+                        .join(format!("{attempt}.jsonl"))
+                }
+                Err(_) => {
+                    let t = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0);
+                    repo_root()
+                        .join("target/grpo-records")
+                        .join(format!("cargo-test-{}-{t}.jsonl", suite.name()))
+                }
             });
         // Stamped with the run identity (what `--resume` and `merge` check) and, for a
         // shard, the plan's stamp beside the file.

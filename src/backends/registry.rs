@@ -240,6 +240,13 @@ impl BackendsConfig {
         }
     }
 
+    /// Keeps the sections that name a backend `keep` holds (tpu-aot: any of its
+    /// topologies' backends).
+    pub fn retain_backends(&mut self, keep: &[String]) {
+        self.sections
+            .retain(|(k, s)| s.backend_names(k).iter().any(|n| keep.contains(n)));
+    }
+
     /// Checks every section's settings.
     pub fn validate(&self, origin: &str) -> Result<()> {
         for (k, s) in &self.sections {

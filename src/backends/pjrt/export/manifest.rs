@@ -101,4 +101,15 @@ pub struct ImplInfo {
     /// Option -> values worth sweeping (`grpo-suite sweep`).
     #[serde(default)]
     pub search_space: serde_json::Map<String, serde_json::Value>,
+    /// What it computes (levels, dtypes, platforms, ...).
+    #[serde(default)]
+    pub capabilities: ImplCapabilities,
+}
+
+/// The part of an implementation's capabilities the suite reads without exporting.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ImplCapabilities {
+    /// `logits`, `fused`: the levels it has (a case of another level is not applicable).
+    #[serde(default)]
+    pub levels: Vec<String>,
 }
