@@ -28,7 +28,7 @@ pub struct Merged {
 }
 
 /// The records files `inputs` name: each file as it is, each directory's `*.jsonl` files
-/// (sorted) that have a stamp beside them.
+/// (sorted).
 pub fn shard_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for p in inputs {
@@ -36,14 +36,11 @@ pub fn shard_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
             let mut found: Vec<PathBuf> = std::fs::read_dir(p)
                 .with_context(|| format!("cannot read directory {}", p.display()))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| {
-                    f.extension().is_some_and(|x| x == "jsonl")
-                        && ShardStamp::path_for(f).exists()
-                })
+                .filter(|f| f.extension().is_some_and(|x| x == "jsonl"))
                 .collect();
             found.sort();
             if found.is_empty() {
-                bail!("{}: no shard records in it (a `*.jsonl` with its `.plan.json` stamp)", p.display());
+                bail!("{}: no records in it (`*.jsonl`)", p.display());
             }
             out.extend(found);
         } else {
@@ -53,32 +50,94 @@ pub fn shard_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// One shard: its stamp and its record lines (file order; a cut-short last line dropped).
+/// One shard: its stamp and its record lines (file and line; a cut-short last line
+/// dropped), from one file or, under cargo-nextest, from one file per process.
 struct Shard {
     path: PathBuf,
     stamp: ShardStamp,
-    lines: Vec<(usize, Map<String, Value>)>,
+    lines: Vec<(PathBuf, usize, Map<String, Value>)>,
 }
 
-fn read_shard(path: &Path) -> Result<Shard> {
-    let stamp = ShardStamp::read(path)?;
+/// The record lines of one file (a cut-short last line dropped: a killed process).
+fn read_lines(path: &Path) -> Result<Vec<(PathBuf, usize, Map<String, Value>)>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read records {}", path.display()))?;
     let all: Vec<&str> = text.lines().collect();
     let mut lines = Vec::new();
     for (k, l) in all.iter().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         match serde_json::from_str::<Map<String, Value>>(l) {
-            Ok(m) => lines.push((k + 1, m)),
+            Ok(m) => lines.push((path.to_path_buf(), k + 1, m)),
             // A last line cut short (a killed shard): that trial has no record.
             Err(_) if k + 1 == all.len() && !text.ends_with('\n') => {}
             Err(e) => bail!("{}:{}: unreadable record line ({e})", path.display(), k + 1),
         }
     }
+    Ok(lines)
+}
+
+fn read_shard(path: &Path) -> Result<Shard> {
     Ok(Shard {
         path: path.to_path_buf(),
-        stamp,
-        lines,
+        stamp: ShardStamp::read(path)?,
+        lines: read_lines(path)?,
     })
+}
+
+/// When a record line was written (0 when it does not say).
+fn time_of(m: &Map<String, Value>) -> u64 {
+    m.get("unix_time").and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// The records of one unsplit run written as pieces, one file per process (the harness
+/// under cargo-nextest): one run identity throughout; a trial recorded in two pieces (a
+/// retried test) keeps its last record.
+fn merge_pieces(out: &Path, files: &[PathBuf]) -> Result<Merged> {
+    let mut lines = Vec::new();
+    for f in files {
+        lines.extend(read_lines(f)?);
+    }
+    let keys = ["suite", "config_digest", "tol_scale", "xla_cpu", "oracle_version", "generator_version"];
+    if let Some((p0, l0, first)) = lines.first() {
+        for (p, l, m) in &lines {
+            for k in keys {
+                if m.get(k) != first.get(k) {
+                    bail!(
+                        "{}:{l}: field `{k}` is {}, but {}:{l0} has {}: records of different runs",
+                        p.display(),
+                        m.get(k).map_or("absent".into(), Value::to_string),
+                        p0.display(),
+                        first.get(k).map_or("absent".into(), Value::to_string)
+                    );
+                }
+            }
+        }
+    }
+    lines.sort_by_key(|(_, _, m)| time_of(m));
+    let mut order: Vec<String> = Vec::new();
+    let mut last: HashMap<String, Map<String, Value>> = HashMap::new();
+    for (_, _, m) in lines {
+        let name = m.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+        if last.insert(name.clone(), m).is_none() {
+            order.push(name);
+        }
+    }
+    let out_lines: Vec<Map<String, Value>> = order.iter().filter_map(|n| last.remove(n)).collect();
+    write_lines(out, &out_lines)?;
+    Ok(Merged {
+        shards: files.len(),
+        lines: out_lines.len(),
+        missing: Vec::new(),
+    })
+}
+
+fn write_lines(out: &Path, lines: &[Map<String, Value>]) -> Result<()> {
+    let mut text = String::new();
+    for m in lines {
+        text.push_str(&serde_json::to_string(m)?);
+        text.push('\n');
+    }
+    crate::atomic_file::replace(out, text.as_bytes())
+        .with_context(|| format!("cannot write {}", out.display()))
 }
 
 /// Merges the shard records `files` into `out` (written atomically).
@@ -89,7 +148,32 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
     if files.iter().any(|f| f == out) {
         bail!("{}: the output is one of the shards; write the merged run to another file", out.display());
     }
-    let shards: Vec<Shard> = files.iter().map(|f| read_shard(f)).collect::<Result<_>>()?;
+    let stamped: Vec<&PathBuf> = files.iter().filter(|f| ShardStamp::path_for(f).exists()).collect();
+    if stamped.is_empty() {
+        return merge_pieces(out, files);
+    }
+    if let Some(bare) = files.iter().find(|f| !ShardStamp::path_for(f).exists()) {
+        bail!(
+            "{}: no shard stamp beside it, but {} has one: give the shards of one split (each records file with its `.plan.json`)",
+            bare.display(),
+            stamped[0].display()
+        );
+    }
+    let read: Vec<Shard> = files.iter().map(|f| read_shard(f)).collect::<Result<_>>()?;
+    // The pieces of one shard written by one cargo-nextest run's processes are one shard.
+    let mut shards: Vec<Shard> = Vec::new();
+    for s in read {
+        match shards.iter_mut().find(|o| {
+            o.stamp.partition == s.stamp.partition
+                && o.stamp.run_id.is_some()
+                && o.stamp.run_id == s.stamp.run_id
+                && s.stamp.differs(&o.stamp).is_none()
+        }) {
+            Some(o) => o.lines.extend(s.lines),
+            None => shards.push(s),
+        }
+    }
+    let shards = shards;
     let first = &shards[0];
     // One plan: the same digest, count, weights, configuration and suite everywhere.
     for s in &shards[1..] {
@@ -144,7 +228,7 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
     }
     // The code digest each implementation's lines carry (for an ERROR line's).
     let mut code: HashMap<String, Value> = HashMap::new();
-    for (_, m) in shards.iter().flat_map(|s| &s.lines) {
+    for (_, _, m) in shards.iter().flat_map(|s| &s.lines) {
         if let (Some(i), Some(d)) = (m.get("implementation").and_then(Value::as_str), m.get("code_digest")) {
             code.entry(i.to_string()).or_insert_with(|| d.clone());
         }
@@ -163,8 +247,10 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
             .collect();
         let want = s.stamp.line();
         let mut last: HashMap<String, Map<String, Value>> = HashMap::new();
-        for (line, m) in &s.lines {
-            let at = || format!("{}:{line}", s.path.display());
+        let mut lines: Vec<&(PathBuf, usize, Map<String, Value>)> = s.lines.iter().collect();
+        lines.sort_by_key(|(_, _, m)| time_of(m));
+        for (file, line, m) in lines {
+            let at = || format!("{}:{line}", file.display());
             let shard: Option<ShardLine> = m.get("shard").cloned().and_then(|v| serde_json::from_value(v).ok());
             if shard.as_ref() != Some(&want) {
                 bail!(
@@ -179,7 +265,7 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
             if !assigned.contains_key(name.as_str()) {
                 bail!("{}: trial `{name}` is not assigned to shard {}", at(), want.partition);
             }
-            if let Some(other) = owner.get(&name).filter(|o| **o != s.path) {
+            if let Some(other) = owner.get(&name).filter(|o| **o != s.path.as_path()) {
                 bail!("{}: trial `{name}` is in shard {} and in {} too", at(), want.partition, other.display());
             }
             owner.insert(name.clone(), &s.path);
@@ -188,7 +274,7 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
             last.insert(name, m);
         }
         // In the stamp's (plan) order; a trial recorded twice (a resumed shard) once.
-        let template = s.lines.first().map(|(_, m)| m.clone());
+        let template = s.lines.first().map(|(_, _, m)| m.clone());
         for a in &s.stamp.assigned {
             match last.remove(&a.name) {
                 Some(m) => out_lines.push(m),
@@ -211,13 +297,7 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
             incomplete[0]
         );
     }
-    let mut text = String::new();
-    for m in &out_lines {
-        text.push_str(&serde_json::to_string(m)?);
-        text.push('\n');
-    }
-    crate::atomic_file::replace(out, text.as_bytes())
-        .with_context(|| format!("cannot write {}", out.display()))?;
+    write_lines(out, &out_lines)?;
     Ok(Merged {
         shards: shards.len(),
         lines: out_lines.len(),

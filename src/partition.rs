@@ -306,6 +306,7 @@ impl Split {
             config_digest: config_digest.to_string(),
             suite: suite.to_string(),
             assigned: self.assigned,
+            run_id: None,
         }
     }
 }
@@ -332,6 +333,10 @@ pub struct ShardStamp {
     pub suite: String,
     /// The trials assigned to this shard, in plan order.
     pub assigned: Vec<Assigned>,
+    /// The cargo-nextest run (`NEXTEST_RUN_ID`) whose processes each wrote a piece of
+    /// this shard (one records file per test): `merge` joins the pieces of one run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
 }
 
 /// One trial assigned to a shard: what a merged run's ERROR line names when the shard

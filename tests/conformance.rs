@@ -170,9 +170,9 @@ fn main() {
         let identity =
             RunIdentity::of(suite.name(), &config_path, &config).unwrap_or_else(|e| fail(e));
         if let Some(s) = split {
-            s.stamp(&identity.config_digest, suite.name())
-                .write(&path)
-                .unwrap_or_else(|e| fail(e));
+            let mut st = s.stamp(&identity.config_digest, suite.name());
+            st.run_id = std::env::var("NEXTEST_RUN_ID").ok();
+            st.write(&path).unwrap_or_else(|e| fail(e));
         }
         Arc::new(Mutex::new(
             RecordWriter::open(&path)

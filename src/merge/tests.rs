@@ -5,6 +5,11 @@ use crate::partition::{Assigned, Partition};
 /// Writes shard `index`/`count` of plan `plan` to `dir/<file>`: its stamp assigning
 /// `assigned`, and a record line for each of `recorded`.
 fn shard(dir: &Path, file: &str, index: usize, count: usize, plan: &str, assigned: &[&str], recorded: &[&str]) -> PathBuf {
+    shard_of_run(dir, file, index, count, plan, assigned, recorded, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn shard_of_run(dir: &Path, file: &str, index: usize, count: usize, plan: &str, assigned: &[&str], recorded: &[&str], run_id: Option<&str>) -> PathBuf {
     let path = dir.join(file);
     let stamp = ShardStamp {
         plan_digest: plan.into(),
@@ -20,6 +25,7 @@ fn shard(dir: &Path, file: &str, index: usize, count: usize, plan: &str, assigne
                 key: ("pjrt-cpu".into(), "jax_baseline".into(), n.to_string()),
             })
             .collect(),
+        run_id: run_id.map(String::from),
     };
     stamp.write(&path).unwrap();
     let mut text = String::new();
@@ -121,4 +127,61 @@ fn an_assigned_trial_without_a_record_is_refused_or_an_error_line() {
     let ids = crate::run_identity::read(&out).unwrap();
     assert!(ids.iter().all(|(_, r)| r.config_digest.as_deref() == Some("xxh3:c")));
     assert!(ids.iter().all(|(_, r)| r.code_digest.as_deref() == Some("xxh3:k")));
+}
+
+/// Record lines of an unsplit run, one file (a cargo-nextest process's), no stamp.
+fn piece(dir: &Path, file: &str, config: &str, recorded: &[(&str, u64, &str)]) -> PathBuf {
+    let path = dir.join(file);
+    let mut text = String::new();
+    for (n, t, verdict) in recorded {
+        let mut o = TrialOutcome::new(n.to_string(), TrialKind::Run, "pjrt-cpu", "jax_baseline", n);
+        if *verdict == "error" {
+            o.verdict = Verdict::Error("flaky".into());
+        }
+        let mut m = match serde_json::to_value(&o).unwrap() {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        m.insert("suite".into(), "smoke".into());
+        m.insert("config_digest".into(), config.into());
+        m.insert("unix_time".into(), (*t).into());
+        text.push_str(&serde_json::to_string(&m).unwrap());
+        text.push('\n');
+    }
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn a_nextest_runs_pieces_merge_into_one_run_keeping_a_retried_trials_last_record() {
+    let d = tempfile::tempdir().unwrap();
+    let run = d.path().join("nextest-run");
+    std::fs::create_dir(&run).unwrap();
+    piece(&run, "a.jsonl", "xxh3:c", &[("x", 10, "error")]);
+    piece(&run, "b.jsonl", "xxh3:c", &[("x", 20, "pass")]);
+    piece(&run, "c.jsonl", "xxh3:c", &[("y", 15, "pass")]);
+    let out = d.path().join("all.jsonl");
+    let m = merge(&out, &shard_files(&[run.clone()]).unwrap(), false).unwrap();
+    assert_eq!(m.lines, 2);
+    let back = crate::records::read(&out).unwrap().outcomes;
+    let x = back.iter().find(|o| o.name == "x").unwrap();
+    assert_eq!(x.verdict, Verdict::Pass, "the retry's record wins");
+    // A piece of another run (another configuration) is refused.
+    piece(&run, "d.jsonl", "xxh3:other", &[("z", 30, "pass")]);
+    let e = merge(&out, &shard_files(&[run]).unwrap(), false).unwrap_err().to_string();
+    assert!(e.contains("d.jsonl:1: field `config_digest`"), "{e}");
+}
+
+#[test]
+fn the_pieces_of_one_shard_from_one_nextest_run_are_one_shard() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let a = shard_of_run(p, "1a.jsonl", 1, 2, "p", &["a", "b"], &["a"], Some("run-1"));
+    let b = shard_of_run(p, "1b.jsonl", 1, 2, "p", &["a", "b"], &["b"], Some("run-1"));
+    let c = shard_of_run(p, "2.jsonl", 2, 2, "p", &["c"], &["c"], Some("run-1"));
+    let out = p.join("out.jsonl");
+    assert_eq!(merge(&out, &[a.clone(), b, c.clone()], false).unwrap().lines, 3);
+    // Another run's piece of shard 1 is a shard given twice.
+    let other = shard_of_run(p, "1x.jsonl", 1, 2, "p", &["a", "b"], &["b"], Some("run-2"));
+    assert!(refused(&out, &[a, other, c]).contains("a shard given twice"));
 }

@@ -103,6 +103,7 @@ fn a_shard_stamp_is_written_beside_its_records_and_read_back() {
             kind: crate::outcome::TrialKind::Run,
             key: ("b".into(), "i".into(), "c".into()),
         }],
+        run_id: None,
     };
     st.write(&rec).unwrap();
     assert_eq!(ShardStamp::read(&rec).unwrap(), st);
