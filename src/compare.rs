@@ -4,7 +4,8 @@
 //!
 //! - **verdict**: a trial that was ok (pass, ignored, expected fail) is now FAIL, ERROR or
 //!   UNEXPECTED PASS, or was a pass and is now ignored (a check stopped running);
-//! - **vanished**: a trial of BASE is not in NEW;
+//! - **vanished**: a trial of BASE is not in NEW (but a not-applicable one: that
+//!   combination checked nothing, and a cargo-nextest run does not list it);
 //! - **error growth**: an output's norm-wise error more than doubled and is above 1e-6
 //!   (the gates are deterministic for fixed inputs, so unchanged code gives equal errors);
 //! - **memory**: the compiled peak grew by more than [`PEAK_MARGIN`] (deterministic for a
@@ -209,8 +210,10 @@ pub fn compare(base: &Run, new: &Run) -> Comparison {
     };
     for (name, b) in &base.trials {
         let Some(n) = new.trials.get(name) else {
-            c.regressions
-                .push(f(name, "vanished", verdict_text(&b.verdict), "-".into()));
+            if !matches!(b.verdict, Verdict::NotApplicable(_)) {
+                c.regressions
+                    .push(f(name, "vanished", verdict_text(&b.verdict), "-".into()));
+            }
             continue;
         };
         c.matched += 1;
