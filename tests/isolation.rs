@@ -390,6 +390,43 @@ fn a_records_file_has_one_writer_and_workers_end_with_their_run() {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    // Ctrl-C in a terminal: SIGINT to the run's whole process group (the run, its worker
+    // hanging in the plugin, the exporter's Python), each with the default disposition.
+    std::fs::write(&state, "1\n").unwrap();
+    std::fs::remove_file(&rec).ok();
+    let mut again = start("pjrt-cpu");
+    {
+        use std::os::unix::process::CommandExt;
+        again.process_group(0);
+    }
+    let mut second = again
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while std::fs::read_to_string(&state).unwrap().trim() != "2" {
+        if t0.elapsed().as_secs() >= 180 {
+            second.kill().ok();
+            cleanup("the second run's worker never reached the hanging plugin".into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Command::new("kill")
+        .args(["-INT", "--", &format!("-{}", second.id())])
+        .status()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while second.try_wait().unwrap().is_none() || !processes_with_state(&state).is_empty() {
+        if t0.elapsed().as_secs() >= 5 {
+            second.kill().ok();
+            cleanup(format!(
+                "the run or its processes outlived Ctrl-C by 5 s: {:?}",
+                processes_with_state(&state)
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 #[test]
