@@ -488,8 +488,22 @@ fn the_tolerance_scale_reaches_the_gates() {
 
 #[test]
 #[cfg(feature = "pjrt")]
-fn an_unavailable_backend_lists_its_trials_ignored_and_a_required_one_fails() {
-    // The default plugin (none named) missing: a checkout root without a venv.
+fn an_absent_device_ignores_its_trials_and_a_broken_cpu_backend_fails_them() {
+    // A backend whose device this machine lacks (pjrt-gpu without a GPU): its trials are
+    // ignored with the reason, unless it is required.
+    if !std::path::Path::new("/dev/nvidia0").exists() {
+        let cfg = "backends:\n  reference: {implementations: [oracle]}\n  pjrt-gpu: {implementations: [jax_baseline]}\n";
+        let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(out.contains("pjrt-gpu/jax_baseline") && out.contains("ignored: backend unavailable: "), "{out}");
+        assert!(out.contains("unavailable backends (their trials are ignored): pjrt-gpu"), "{out}");
+        let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[("GRPO_REQUIRE_BACKENDS", "reference,pjrt-gpu")]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(stderr(&o).contains("required backend `pjrt-gpu` unavailable"), "{}", stderr(&o));
+    }
+    // pjrt-cpu needs no device: its default plugin missing (a checkout root without a
+    // venv) is a broken environment, so its trials are errors and the run fails.
     let root = tempfile::tempdir().unwrap();
     for d in ["cases", "configs", "golden"] {
         std::os::unix::fs::symlink(repo_root().join(d), root.path().join(d)).unwrap();
@@ -498,30 +512,13 @@ fn an_unavailable_backend_lists_its_trials_ignored_and_a_required_one_fails() {
     let cfg = "backends:\n  reference: {implementations: [oracle]}\n  pjrt-cpu: {implementations: [jax_baseline]}\n";
     let (o, _d) = run_with(cfg, &["--suite", "smoke"], &[("GRPO_ROOT", r)]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
-        out.contains("pjrt-cpu/jax_baseline")
-            && out.contains(&format!("ignored: backend unavailable: no PJRT CPU plugin at {r}/.venv/lib/python3*/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")),
-        "{out}"
-    );
-    assert!(
-        out.contains("unavailable backends (their trials are ignored): pjrt-cpu"),
-        "{out}"
-    );
-    let (o, _d) = run_with(
-        cfg,
-        &["--suite", "smoke"],
-        &[
-            ("GRPO_REQUIRE_BACKENDS", "reference,pjrt-cpu"),
-            ("GRPO_ROOT", r),
-        ],
-    );
-    assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("required backend `pjrt-cpu` unavailable"),
+        stderr(&o).contains(&format!("backend `pjrt-cpu` needs no device this machine lacks, but could not be set up: no PJRT CPU plugin at {r}/.venv/lib/python3*/site-packages/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")),
         "{}",
         stderr(&o)
     );
+    assert!(out.contains("broken backends (they need no device; their trials are errors): pjrt-cpu"), "{out}");
 }
 
 #[test]

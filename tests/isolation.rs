@@ -337,19 +337,24 @@ fn a_records_file_has_one_writer_and_workers_end_with_their_run() {
             .env_remove("GRPO_REQUIRE_BACKENDS");
         c
     };
-    let mut first = start("pjrt-cpu")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = std::time::Instant::now();
-    while std::fs::read_to_string(&state).unwrap().trim() != "2" {
-        assert!(
-            t0.elapsed().as_secs() < 180,
-            "the worker never reached the hanging plugin"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    // Starts `cmd` quietly and waits until its worker hangs in the plugin.
+    let hanging = |mut cmd: Command| {
+        let child = cmd
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let t0 = std::time::Instant::now();
+        while std::fs::read_to_string(&state).unwrap().trim() != "2" {
+            assert!(
+                t0.elapsed().as_secs() < 180,
+                "the worker never reached the hanging plugin"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        child
+    };
+    let mut first = hanging(start("pjrt-cpu"));
     // A second run on the same records file: one line naming the holder, exit 2.
     let o = start("reference").output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
@@ -399,19 +404,7 @@ fn a_records_file_has_one_writer_and_workers_end_with_their_run() {
         use std::os::unix::process::CommandExt;
         again.process_group(0);
     }
-    let mut second = again
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let t0 = std::time::Instant::now();
-    while std::fs::read_to_string(&state).unwrap().trim() != "2" {
-        if t0.elapsed().as_secs() >= 180 {
-            second.kill().ok();
-            cleanup("the second run's worker never reached the hanging plugin".into());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let mut second = hanging(again);
     Command::new("kill")
         .args(["-INT", "--", &format!("-{}", second.id())])
         .status()
