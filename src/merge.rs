@@ -50,16 +50,19 @@ pub fn shard_files(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// A record line: the file it is in, its 1-based line number, and its fields.
+type Line = (PathBuf, usize, Map<String, Value>);
+
 /// One shard: its stamp and its record lines (file and line; a cut-short last line
 /// dropped), from one file or, under cargo-nextest, from one file per process.
 struct Shard {
     path: PathBuf,
     stamp: ShardStamp,
-    lines: Vec<(PathBuf, usize, Map<String, Value>)>,
+    lines: Vec<Line>,
 }
 
 /// The record lines of one file (a cut-short last line dropped: a killed process).
-fn read_lines(path: &Path) -> Result<Vec<(PathBuf, usize, Map<String, Value>)>> {
+fn read_lines(path: &Path) -> Result<Vec<Line>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read records {}", path.display()))?;
     let all: Vec<&str> = text.lines().collect();
@@ -247,7 +250,7 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
             .collect();
         let want = s.stamp.line();
         let mut last: HashMap<String, Map<String, Value>> = HashMap::new();
-        let mut lines: Vec<&(PathBuf, usize, Map<String, Value>)> = s.lines.iter().collect();
+        let mut lines: Vec<&Line> = s.lines.iter().collect();
         lines.sort_by_key(|(_, _, m)| time_of(m));
         for (file, line, m) in lines {
             let at = || format!("{}:{line}", file.display());

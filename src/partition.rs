@@ -106,7 +106,7 @@ fn compile_only_backend(backend: &str) -> bool {
 /// The estimated seconds of one trial, without its unit's shared oracle.
 pub fn estimate(t: &Trial) -> f64 {
     match &t.work {
-        Work::Run { case, .. } if compile_only_backend(&t.key.0) => COMPILE_S,
+        Work::Run { .. } if compile_only_backend(&t.key.0) => COMPILE_S,
         Work::Run { case, .. } if case.compile_only => 0.0,
         // The reference backend evaluates the oracle (or an f32 twin of it) as the
         // implementation under test.
