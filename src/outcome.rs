@@ -83,8 +83,31 @@ pub struct TrialOutcome {
     /// Trajectory trials: the series and the gate's verdict.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trajectory: Option<crate::trajectory::TrajectoryRecord>,
+    /// Where the time of an executing trial went besides its run (its case's inputs and
+    /// oracle, and its own judging).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<Phases>,
     /// Wall time of the whole trial (inputs, oracle, run, gates), seconds.
     pub wall_s: f64,
+}
+
+/// Where an executing trial's time went besides its run. The case's inputs and oracle are
+/// computed once per case and shared by its trials (and its multi-device variants'), so
+/// every trial of a case shows the same `inputs_s`, `forward_s` and `gradients_s`: they
+/// are the case's, counted once in whichever trial came first.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Phases {
+    /// Generating the inputs (without a separate forward pass), seconds.
+    pub inputs_s: f64,
+    /// The oracle's forward pass and its per-token terms, seconds (at the logits level the
+    /// forward statistics come with the rows, inside `inputs_s`; the terms are here).
+    pub forward_s: f64,
+    /// The oracle's fused-level gradients, seconds, once computed (by the first trial of
+    /// the case that needed them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradients_s: Option<f64>,
+    /// This trial's output gates and invariance checks, seconds.
+    pub judge_s: f64,
 }
 
 /// The invariance check of a multi-device trial: the same implementation run on one
@@ -140,6 +163,7 @@ impl TrialOutcome {
             exporter: None,
             precision: None,
             trajectory: None,
+            phases: None,
             wall_s: 0.0,
         }
     }

@@ -33,7 +33,12 @@ pub struct Partition {
 impl FromStr for Partition {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("partition `{}` must be I/N with 1 ≤ I ≤ N (e.g. 2/8)", crate::env::shown(s));
+        let bad = || {
+            format!(
+                "partition `{}` must be I/N with 1 ≤ I ≤ N (e.g. 2/8)",
+                crate::env::shown(s)
+            )
+        };
         let (i, n) = s.split_once('/').ok_or_else(bad)?;
         let (index, count) = (
             i.trim().parse::<usize>().map_err(|_| bad())?,
@@ -54,7 +59,9 @@ impl Serialize for Partition {
 
 impl<'de> Deserialize<'de> for Partition {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -88,10 +95,11 @@ fn work_of(case: &Case) -> f64 {
 
 /// Seconds per multiply-add of the f64 oracle and of one execution on an executing
 /// backend, and the fixed seconds of a trial, a compile-only trial and a should-fail
-/// variant, on a 2-core machine: the oracle's 856 s and xla_chunked's 3 min at the seeds'
-/// fused shape (docs/nightly.md), about 0.3 s and 1 s for the ci tier's small trials. Only
-/// their ratios shape a split; measured weights replace them.
-const ORACLE_S: f64 = 2.8e-11;
+/// variant, on a 2-core machine: the oracle's 514 s (forward and gradients, one pass) and
+/// xla_chunked's 3 min at the seeds' fused shape (docs/nightly.md), about 0.3 s and 1 s
+/// for the ci tier's small trials. Only their ratios shape a split; measured weights
+/// replace them.
+const ORACLE_S: f64 = 1.7e-11;
 const EXEC_S: f64 = 6e-12;
 const TRIAL_S: f64 = 0.3;
 const COMPILE_S: f64 = 1.0;
@@ -108,8 +116,9 @@ pub fn estimate(t: &Trial) -> f64 {
     match &t.work {
         Work::Run { .. } if compile_only_backend(&t.key.0) => COMPILE_S,
         Work::Run { case, .. } if case.compile_only => 0.0,
-        // The reference backend evaluates the oracle (or an f32 twin of it) as the
-        // implementation under test.
+        // The oracle's own trial takes its unit's prepared oracle (the shared estimate);
+        // the reference backend's other implementations are f32 twins of it.
+        Work::Run { .. } if t.key.0 == "reference" && t.key.1 == "oracle" => TRIAL_S,
         Work::Run { case, .. } if t.key.0 == "reference" => TRIAL_S + ORACLE_S * work_of(case),
         Work::Run { case, .. } => {
             let twin = if case.devices > 1 { 2.0 } else { 1.0 };
@@ -136,7 +145,10 @@ fn shared_estimate(trials: &[&Trial]) -> f64 {
             }
             Work::Golden(case) if !case.compile_only => oracle = Some(ORACLE_S * work_of(case)),
             Work::Trajectory { case, spec, .. } => {
-                loops.insert(spec.label(), 2.0 * spec.steps as f64 * ORACLE_S * work_of(case));
+                loops.insert(
+                    spec.label(),
+                    2.0 * spec.steps as f64 * ORACLE_S * work_of(case),
+                );
             }
             _ => {}
         }
@@ -167,7 +179,11 @@ impl Weights {
             .with_context(|| format!("--partition-weights {}: cannot read", path.display()))?;
         let text = String::from_utf8_lossy(&bytes);
         let mut seconds = HashMap::new();
-        for (k, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        for (k, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
             let l: Line = serde_json::from_str(line).map_err(|e| {
                 anyhow::anyhow!(
                     "--partition-weights {}:{}: not a record line ({e})",
@@ -214,7 +230,12 @@ impl Assignment {
                 let w = match weights {
                     Some(w) if ts.iter().any(|t| w.seconds.contains_key(&t.name)) => ts
                         .iter()
-                        .map(|t| w.seconds.get(&t.name).copied().unwrap_or_else(|| estimate(t)))
+                        .map(|t| {
+                            w.seconds
+                                .get(&t.name)
+                                .copied()
+                                .unwrap_or_else(|| estimate(t))
+                        })
                         .sum(),
                     _ => ts.iter().map(|t| estimate(t)).sum::<f64>() + shared_estimate(ts),
                 };
@@ -316,7 +337,10 @@ impl Split {
 
 /// Digest of a plan's trial list (names in order): what every shard of one split shares.
 pub fn plan_digest(names: &[String]) -> String {
-    format!("xxh3:{:016x}", xxhash_rust::xxh3::xxh3_64(names.join("\n").as_bytes()))
+    format!(
+        "xxh3:{:016x}",
+        xxhash_rust::xxh3::xxh3_64(names.join("\n").as_bytes())
+    )
 }
 
 /// What a shard's records carry beside the run identity: the plan it split, which shard
@@ -398,10 +422,26 @@ impl ShardStamp {
     /// plan.
     pub fn differs(&self, other: &ShardStamp) -> Option<String> {
         let pairs = [
-            ("partition", other.partition.to_string(), self.partition.to_string()),
-            ("plan digest", other.plan_digest.clone(), self.plan_digest.clone()),
-            ("weights digest", other.weights_digest.clone(), self.weights_digest.clone()),
-            ("config digest", other.config_digest.clone(), self.config_digest.clone()),
+            (
+                "partition",
+                other.partition.to_string(),
+                self.partition.to_string(),
+            ),
+            (
+                "plan digest",
+                other.plan_digest.clone(),
+                self.plan_digest.clone(),
+            ),
+            (
+                "weights digest",
+                other.weights_digest.clone(),
+                self.weights_digest.clone(),
+            ),
+            (
+                "config digest",
+                other.config_digest.clone(),
+                self.config_digest.clone(),
+            ),
             ("suite", other.suite.clone(), self.suite.clone()),
         ];
         pairs
@@ -429,7 +469,8 @@ impl ShardStamp {
                 p.display()
             )
         })?;
-        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: not a shard stamp ({e})", p.display()))
+        serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: not a shard stamp ({e})", p.display()))
     }
 
     /// Writes the stamp beside `records`, atomically.

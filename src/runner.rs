@@ -9,7 +9,9 @@ use crate::inputs::Inputs;
 pub use crate::judge::memory::{human_bytes, BudgetReport};
 pub use crate::judge::{Reason, Verdict};
 use crate::oracle::Oracle;
-pub use crate::outcome::{clip_tie_hint, Invariance, TrialKind, TrialOutcome, CLIP_TIE_HINT};
+pub use crate::outcome::{
+    clip_tie_hint, Invariance, Phases, TrialKind, TrialOutcome, CLIP_TIE_HINT,
+};
 use crate::outputs::Outputs;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -26,6 +28,10 @@ pub struct Prepared {
     pub inputs: Inputs,
     /// Oracle.
     pub oracle: Oracle,
+    /// Seconds generating the inputs took (without a separate forward pass).
+    pub inputs_s: f64,
+    /// Seconds of the oracle's forward pass and per-token terms (see [`Phases`]).
+    pub forward_s: f64,
     /// The one-device runs the variants' invariance checks compare against: the batch-
     /// and vocab-sharded trials of an implementation share one.
     one_device: OneDeviceRuns,
@@ -33,13 +39,38 @@ pub struct Prepared {
 
 impl Prepared {
     /// Generates inputs and evaluates the oracle (from the forward statistics generation
-    /// computed anyway: one forward pass per case, not two).
+    /// computed anyway: one forward pass per case, not two; at the fused level with
+    /// token-level importance sampling the gradients too, in the same pass,
+    /// [`Oracle::one_pass`]).
     pub fn new(case: &Case) -> Prepared {
-        let (inputs, stats) = Inputs::generate_with_stats(case);
+        let t0 = Instant::now();
+        if Oracle::one_pass_applies(case) {
+            // Fused, token level: inputs, forward and gradients in one pass over groups
+            // of whole rows (three logits-sized f64 products instead of four).
+            let mut inputs = Inputs::generate_before_forward(case);
+            let inputs_s = t0.elapsed().as_secs_f64();
+            let mask = inputs.mask.clone();
+            let place = |r: usize, logp: f64| crate::inputs::placed_old_ref(case, mask[r], r, logp);
+            let (oracle, forward_s, _) = Oracle::one_pass(case, &mut inputs, &place);
+            return Prepared {
+                inputs,
+                oracle,
+                inputs_s,
+                forward_s,
+                one_device: Mutex::default(),
+            };
+        }
+        let (inputs, stats, forward_s) = Inputs::generate_for_oracle(case);
+        let generated_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
         let oracle = Oracle::with_stats(case, &inputs, stats);
+        let terms_s = t1.elapsed().as_secs_f64();
+        let forward_s = forward_s.unwrap_or(0.0);
         Prepared {
             inputs,
             oracle,
+            inputs_s: (generated_s - forward_s).max(0.0),
+            forward_s: forward_s + terms_s,
             one_device: Mutex::default(),
         }
     }
@@ -149,7 +180,10 @@ pub fn run_trial(
     );
     let empty = Inputs::default();
     let inputs = prep.map(|p| &p.inputs).unwrap_or(&empty);
-    let outcome = backend.outcome(implementation, case, inputs, opts);
+    let outcome = match prep {
+        Some(p) => backend.outcome_prepared(implementation, case, inputs, &p.oracle, opts),
+        None => backend.outcome(implementation, case, inputs, opts),
+    };
     if crate::judge::refused(&outcome, &mut out) {
         out.wall_s = t0.elapsed().as_secs_f64();
         return out;
@@ -169,6 +203,7 @@ pub fn run_trial(
     out.precision = res.precision;
     match (res.outputs, prep) {
         (Some(outputs), Some(p)) => {
+            let t_judge = Instant::now();
             out.gates = gates::judge(case, &p.inputs, &p.oracle, &outputs);
             if case.devices > 1 && backend.shards() {
                 match invariance(backend, implementation, case, p, &outputs, opts) {
@@ -180,6 +215,12 @@ pub fn run_trial(
                     }
                 }
             }
+            out.phases = Some(Phases {
+                inputs_s: p.inputs_s,
+                forward_s: p.forward_s,
+                gradients_s: p.oracle.fused_grads_seconds(),
+                judge_s: t_judge.elapsed().as_secs_f64(),
+            });
         }
         (Some(_), None) => {
             out.verdict = Verdict::Error("internal: outputs without a prepared oracle".into());
@@ -269,11 +310,15 @@ mod tests {
     }
 
     /// A prepared fused case computes its f64 gradients once: the first gate evaluation
-    /// fills the oracle's cache, the second (another trial of the case) reads it.
+    /// fills the oracle's cache, the second (another trial of the case) reads it (a
+    /// sequence-level case: a token-level one has them from its one pass, below).
     #[test]
     fn a_prepared_fused_case_computes_its_gradients_once() {
         use crate::oracle::FUSED_GRADS_COMPUTED;
-        let case = crate::cases::parse_fixed("level: fused, b: 2, t: 8, h: 64, v: 2049").unwrap();
+        let case = crate::cases::parse_fixed(
+            "level: fused, b: 2, t: 8, h: 64, v: 2049, importance_sampling_level: sequence",
+        )
+        .unwrap();
         let p = Prepared::new(&case);
         let outputs = crate::backends::reference::oracle_outputs(&case, &p.inputs);
         assert!(p.oracle.fused_grads_cached().is_none());
@@ -293,6 +338,51 @@ mod tests {
             assert!(r
                 .iter()
                 .any(|g| g.output == crate::spec::OutputName::DlmHead));
+        }
+    }
+
+    /// The oracle's own trial takes its prepared case's oracle: across the whole trial
+    /// (its run and its gates) the oracle is evaluated once, by `Prepared::new`, and its
+    /// f64 gradients once; the outputs are the ones a fresh evaluation returns, and the
+    /// record says where the time went.
+    #[test]
+    fn the_oracle_trial_reuses_its_prepared_oracle() {
+        use crate::backends::reference::{oracle_outputs, ReferenceBackend, EVALUATIONS};
+        use crate::oracle::FUSED_GRADS_COMPUTED;
+        let backend = ReferenceBackend::default();
+        let opts = RunOptions::default();
+        for spec in [
+            "level: fused, b: 2, t: 8, h: 64, v: 2049, dtype: bf16",
+            "b: 2, t: 8, v: 2049, dtype: bf16",
+        ] {
+            let case = crate::cases::parse_fixed(spec).unwrap();
+            let p = Prepared::new(&case);
+            assert_eq!(
+                p.oracle.fused_grads_cached().is_some(),
+                spec.starts_with("level: fused"),
+                "a fused token-level case is prepared with its gradients"
+            );
+            let (evals, grads) = (
+                EVALUATIONS.with(|n| n.get()),
+                FUSED_GRADS_COMPUTED.with(|c| c.get()),
+            );
+            let out = run_trial(&backend, "oracle", &case, Some(&p), &opts);
+            assert_eq!(out.verdict, Verdict::Pass, "{spec}: {out:?}");
+            assert_eq!(EVALUATIONS.with(|n| n.get()) - evals, 0, "{spec}");
+            let fused = spec.starts_with("level: fused");
+            assert_eq!(
+                FUSED_GRADS_COMPUTED.with(|c| c.get()) - grads,
+                0,
+                "{spec}: the gradients come with the prepared case (its one pass)"
+            );
+            let phases = out.phases.expect("an executing trial's phases");
+            assert_eq!(phases.gradients_s.is_some(), fused, "{spec}");
+            assert!(phases.inputs_s > 0.0 && phases.judge_s > 0.0, "{phases:?}");
+            // The same outputs as the oracle evaluated afresh.
+            let fresh = oracle_outputs(&case, &p.inputs);
+            let reused =
+                crate::backends::reference::prepared_oracle_outputs(&case, &p.inputs, &p.oracle);
+            assert_eq!(fresh, reused, "{spec}");
         }
     }
 }

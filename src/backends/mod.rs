@@ -209,6 +209,20 @@ pub trait Backend: Send + Sync {
         Outcome::of(self.run(implementation, case, inputs, opts))
     }
 
+    /// [`Backend::outcome`] for a prepared case, given its oracle (evaluated on `case`
+    /// and `inputs`): a backend that returns the oracle itself uses it instead of
+    /// evaluating it again. Default: [`Backend::outcome`].
+    fn outcome_prepared(
+        &self,
+        implementation: &str,
+        case: &Case,
+        inputs: &Inputs,
+        _oracle: &crate::oracle::Oracle,
+        opts: &RunOptions,
+    ) -> Outcome {
+        self.outcome(implementation, case, inputs, opts)
+    }
+
     /// Checks the configured implementations (ids, options) before anything runs; the
     /// error names each bad entry. Default: nothing to check.
     fn validate(&self) -> Result<()> {

@@ -176,7 +176,8 @@ impl Case {
     /// - Fused level: f32 hidden and lm_head, the oracle's f64 dhidden and dlm_head, f32
     ///   outputs of both (16 bytes per element); the oracle's f64 copy of hidden (8 bytes
     ///   per hidden element), its widened tile of lm_head ([H, VT] f64) and its tile of
-    ///   logits ([min(rows, ROW_GROUP), VT] f64, see `oracle::fused`); and the three f64
+    ///   logits ([min(rows, ROW_GROUP), VT] f64, see `oracle::fused`), the one-pass path's
+    ///   held group of whole rows ([min(rows, hold rows), V] f64, at most 1 GiB); and the three f64
     ///   rows of V per row in flight as at the logits level.
     /// - Per-token vectors of inputs, oracle and outputs: 64 bytes per token.
     pub fn host_bytes_needed_with(&self, threads: usize) -> Option<u64> {
@@ -197,10 +198,15 @@ impl Case {
                     crate::oracle::FUSED_ROW_GROUP as u64,
                 );
                 let tiles = h.checked_add(rows.min(group))?.checked_mul(vt.min(v))?;
+                // The one-pass path's held group of whole f64 rows.
+                let held = rows
+                    .min(crate::oracle::fused_hold_rows(s.v) as u64)
+                    .checked_mul(v)?;
                 elems
                     .checked_mul(4 + 8 + 4)?
                     .checked_add(hid.checked_mul(8)?)?
                     .checked_add(tiles.checked_mul(8)?)?
+                    .checked_add(held.checked_mul(8)?)?
             }
         };
         big.checked_add(rows_of_v.checked_mul(v)?.checked_mul(8)?)?
@@ -384,10 +390,12 @@ mod tests {
     #[test]
     fn host_bytes_needed_counts_the_fused_oracle_copies_and_tiles() {
         // The seeds' shape: 16 bytes per input element, 8 more per hidden element (the
-        // oracle's f64 copy), and the f64 tiles [H, 2048] and [4096, 2048].
+        // oracle's f64 copy), the f64 tiles [H, 2048] and [4096, 2048], and the one-pass
+        // path's held rows: 2³⁰ / (8·V) = 883 whole f64 rows.
         let c = parse_fixed("level: fused, b: 1, t: 8192, h: 4096, v: 151936").unwrap();
         let (rows, h, v) = (8192u64, 4096u64, 151936u64);
-        let want = 16 * (rows * h + h * v) + 8 * rows * h + 8 * (h + 4096) * 2048;
+        let held = (1u64 << 30) / (8 * v) * v * 8;
+        let want = 16 * (rows * h + h * v) + 8 * rows * h + 8 * (h + 4096) * 2048 + held;
         let need = c.host_bytes_needed_with(1).unwrap();
         assert!(
             need >= want && need < want + (1 << 20) + 3 * 8 * v,

@@ -233,24 +233,45 @@ impl Inputs {
     /// way: equal to `oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK)`, so
     /// `Oracle::with_stats` can use them instead of a second forward pass.
     pub fn generate_with_stats(case: &Case) -> (Inputs, oracle::TokenStats) {
-        let (inputs, stats, _) = Self::build(case, NormalPath::Fast, true);
-        (inputs, stats.expect("placed by the oracle's forward pass"))
+        let (inputs, stats, _) = Self::generate_for_oracle(case);
+        (inputs, stats)
+    }
+
+    /// Every input but old_logp and ref_logp, which are placed around −ln V (as
+    /// [`Inputs::generate_for_timing`]) until [`placed_old_ref`] places each row from its
+    /// true logp: the oracle's one-pass path ([`crate::oracle::Oracle::one_pass`]).
+    pub(crate) fn generate_before_forward(case: &Case) -> Inputs {
+        Self::build(case, NormalPath::Fast, false).0
+    }
+
+    /// [`Inputs::generate_with_stats`], and the seconds its separate forward pass took
+    /// (fused level; `None` at the logits level, whose statistics come with the rows).
+    pub fn generate_for_oracle(case: &Case) -> (Inputs, oracle::TokenStats, Option<f64>) {
+        let (inputs, stats, _, forward_s) = Self::build(case, NormalPath::Fast, true);
+        let stats = stats.expect("placed by the oracle's forward pass");
+        (inputs, stats, forward_s)
     }
 
     /// [`Inputs::generate`] with the normal deviates of the differentiable input computed
     /// by `path` (the same bits either way), and what it took.
     pub fn generate_with(case: &Case, path: NormalPath) -> (Inputs, GenerationCounts) {
-        let (inputs, _, counts) = Self::build(case, path, true);
+        let (inputs, _, counts, _) = Self::build(case, path, true);
         (inputs, counts)
     }
 
     /// The inputs; `by_oracle`: old_logp and ref_logp placed relative to each token's true
-    /// logp (the forward statistics come back), else around −ln V (timing only).
+    /// logp (the forward statistics come back), else around −ln V (timing only). Last:
+    /// the seconds of a forward pass made apart from the rows (fused level).
     fn build(
         case: &Case,
         path: NormalPath,
         by_oracle: bool,
-    ) -> (Inputs, Option<oracle::TokenStats>, GenerationCounts) {
+    ) -> (
+        Inputs,
+        Option<oracle::TokenStats>,
+        GenerationCounts,
+        Option<f64>,
+    ) {
         let s = case.shape;
         let rows = s.rows();
         let id = case.data_id();
@@ -274,8 +295,7 @@ impl Inputs {
         match case.level {
             Level::Logits => {
                 logits = buffer::zeroed_f32(rows * s.v);
-                let (st, fallbacks) =
-                    logits::fill(case, &mut chosen_ids, &mask, path, &mut logits);
+                let (st, fallbacks) = logits::fill(case, &mut chosen_ids, &mask, path, &mut logits);
                 stats = Some(st);
                 counts.fallbacks = fallbacks;
                 if case.profile != DataProfile::Zeros {
@@ -330,53 +350,25 @@ impl Inputs {
             advantages,
             mask,
         };
+        let mut forward_s = None;
         let stats = match stats {
             Some(st) => Some(st),
-            None if by_oracle => Some(oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK)),
+            None if by_oracle => {
+                let t0 = std::time::Instant::now();
+                let st = oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK);
+                forward_s = Some(t0.elapsed().as_secs_f64());
+                Some(st)
+            }
             None => None,
         };
         let uniform = vec![-(s.v as f64).ln(); rows];
         let true_logp = stats.as_ref().map_or(&uniform, |st| &st.logp);
-        let so = Stream::new(id, "old_logp");
-        let sr = Stream::new(id, "ref_logp");
-        let k = &case.knobs;
-        for i in 0..rows {
-            let logp = true_logp[i];
-            // The sequence index decides the target at sequence level, so that every
-            // token of a sequence shares it and the masked mean lands on it exactly.
-            let j = match k.importance_sampling_level {
-                IsLevel::Token => i,
-                IsLevel::Sequence => i / s.t,
-            };
-            let log_r = match case.profile {
-                DataProfile::RatioEdges => edge_targets(k)[j % 7].ln(),
-                DataProfile::ExtremeRatio => {
-                    if j % 2 == 0 {
-                        EXTREME_LOG_RATIO
-                    } else {
-                        -EXTREME_LOG_RATIO
-                    }
-                }
-                _ => OLD_LOGP_NOISE * so.normal(i as u64),
-            };
-            inputs.old_logp[i] = (logp - log_r) as f32;
-            inputs.ref_logp[i] = (logp + REF_LOGP_NOISE * sr.normal(i as u64)) as f32;
-            if inputs.mask[i] == 0.0 {
-                match case.mask {
-                    MaskPattern::RandomHostile => {
-                        let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
-                        inputs.old_logp[i] = sign * HOSTILE_LOGP;
-                        inputs.ref_logp[i] = -sign * HOSTILE_LOGP;
-                    }
-                    MaskPattern::RightPadNeginf => {
-                        inputs.old_logp[i] = f32::NEG_INFINITY;
-                        inputs.ref_logp[i] = f32::NEG_INFINITY;
-                    }
-                    _ => {}
-                }
-            }
+        for (i, &logp) in true_logp.iter().enumerate() {
+            let (o, r) = placed_old_ref(case, inputs.mask[i], i, logp);
+            inputs.old_logp[i] = o;
+            inputs.ref_logp[i] = r;
         }
-        (inputs, stats, counts)
+        (inputs, stats, counts, forward_s)
     }
 
     /// Every input as a named tensor, in SPEC order (level-dependent).
@@ -434,6 +426,52 @@ pub fn edge_targets(k: &crate::spec::Knobs) -> [f64; 7] {
         hi * 0.999,
         hi * 1.001,
     ]
+}
+
+/// Token `i`'s old_logp and ref_logp as stored, placed relative to its true `logp` (the
+/// profile's log-ratio target, small noise otherwise; masked tokens per the mask pattern).
+/// Row by row, so that the oracle's one-pass path ([`crate::oracle::Oracle::one_pass`])
+/// places each row as soon as its logp is known.
+pub(crate) fn placed_old_ref(case: &Case, mask_i: f32, i: usize, logp: f64) -> (f32, f32) {
+    let s = case.shape;
+    let id = case.data_id();
+    let so = Stream::new(id, "old_logp");
+    let sr = Stream::new(id, "ref_logp");
+    let k = &case.knobs;
+    // The sequence index decides the target at sequence level, so that every token of a
+    // sequence shares it and the masked mean lands on it exactly.
+    let j = match k.importance_sampling_level {
+        IsLevel::Token => i,
+        IsLevel::Sequence => i / s.t,
+    };
+    let log_r = match case.profile {
+        DataProfile::RatioEdges => edge_targets(k)[j % 7].ln(),
+        DataProfile::ExtremeRatio => {
+            if j % 2 == 0 {
+                EXTREME_LOG_RATIO
+            } else {
+                -EXTREME_LOG_RATIO
+            }
+        }
+        _ => OLD_LOGP_NOISE * so.normal(i as u64),
+    };
+    let mut old = (logp - log_r) as f32;
+    let mut refp = (logp + REF_LOGP_NOISE * sr.normal(i as u64)) as f32;
+    if mask_i == 0.0 {
+        match case.mask {
+            MaskPattern::RandomHostile => {
+                let sign = if i % 2 == 0 { 1.0 } else { -1.0 };
+                old = sign * HOSTILE_LOGP;
+                refp = -sign * HOSTILE_LOGP;
+            }
+            MaskPattern::RightPadNeginf => {
+                old = f32::NEG_INFINITY;
+                refp = f32::NEG_INFINITY;
+            }
+            _ => {}
+        }
+    }
+    (old, refp)
 }
 
 #[cfg(test)]
@@ -608,7 +646,7 @@ mod tests {
         for fixed in cases {
             let c = parse_fixed(fixed).unwrap();
             let (x, st) = Inputs::generate_with_stats(&c);
-            let (_, exact, _) = Inputs::build(&c, NormalPath::Exact, true);
+            let (_, exact, _, _) = Inputs::build(&c, NormalPath::Exact, true);
             let exact = exact.unwrap();
             let want = oracle::forward(&c, &x, oracle::DEFAULT_CHUNK);
             for got in [&st, &exact] {

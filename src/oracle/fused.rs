@@ -295,6 +295,133 @@ fn grads_tiled(o: &Oracle, case: &Case, inputs: &Inputs, vt: usize, group: usize
     FusedGrads { dhidden, dlm_head }
 }
 
+/// Bytes of f64 logits the one-pass path ([`one_pass`]) holds at a time: a group of
+/// whole rows.
+pub(crate) const HOLD_BYTES: usize = 1 << 30;
+
+/// Token rows per held group at vocabulary `v` (the `group` [`one_pass`] is given): as many whole f64 rows as
+/// [`HOLD_BYTES`] takes, at least 1 and at most [`ROW_GROUP`].
+pub(crate) fn hold_rows(v: usize) -> usize {
+    (HOLD_BYTES / (8 * v.max(1))).clamp(1, ROW_GROUP)
+}
+
+/// What [`one_pass`] computes.
+pub(crate) struct OnePass {
+    /// Every row's forward statistics.
+    pub stats: Vec<row::RowStats>,
+    /// The gradients.
+    pub grads: FusedGrads,
+    /// Seconds of the logits products and the online logsumexp.
+    pub forward_s: f64,
+    /// Seconds of the dlogits and the two gradient products.
+    pub gradients_s: f64,
+}
+
+/// The forward statistics and the gradients in one pass over groups of whole rows, each
+/// group's f64 logits held between the two (three logits-sized products instead of the
+/// four of [`forward`] then [`grads`]). For cases whose rows' ∂loss/∂logp follows from
+/// the row alone once its statistics are known (token-level importance sampling):
+/// `g_of(row, stats)` gives it, with whatever the row's statistics decide (the inputs'
+/// old_logp and ref_logp placed from its logp) done by the caller inside it.
+pub(crate) fn one_pass(
+    case: &Case,
+    inputs: &Inputs,
+    g_of: &(dyn Fn(usize, &row::RowStats) -> f64 + Sync),
+    group: usize,
+) -> OnePass {
+    let t = Tiles::new(case, inputs, group);
+    let (h, v) = (t.h, t.v);
+    let inv_tau = 1.0 / case.knobs.temperature;
+    let mut stats = Vec::with_capacity(t.rows);
+    let mut dhidden = vec![0f64; t.rows * h];
+    let mut dlm_head = vec![0f64; h * v];
+    let (mut w, mut held) = (Vec::new(), Vec::new());
+    let (mut forward_s, mut gradients_s) = (0.0, 0.0);
+    for (gi, group) in t.groups().enumerate() {
+        let m = group.len();
+        let t0 = std::time::Instant::now();
+        held.resize(m * v, 0.0);
+        let mut state = vec![row::Online::new(); m];
+        let mut s_y = vec![0f64; m];
+        let hid = View::rows(&t.hidden[group.start * h..group.end * h], m, h);
+        for cols in t.tiles(VT) {
+            let n = cols.len();
+            t.head_tile(&cols, &mut w);
+            product(&mut held[cols.start..], v, false, hid, View::rows(&w, h, n));
+            held.par_chunks_mut(v)
+                .zip(state.par_iter_mut())
+                .zip(s_y.par_iter_mut())
+                .enumerate()
+                .for_each(|(i, ((zr, st), sy))| {
+                    let tile = &mut zr[cols.clone()];
+                    if case.knobs.logits_dtype == LogitsDtype::Input {
+                        let dt = case.dtype;
+                        tile.iter_mut()
+                            .for_each(|x| *x = dt.round(*x as f32) as f64);
+                    }
+                    row::forward_tile(st, tile, inv_tau);
+                    let y = inputs.chosen_ids[group.start + i] as usize;
+                    if cols.contains(&y) {
+                        *sy = tile[y - cols.start] * inv_tau;
+                    }
+                });
+        }
+        let group_stats: Vec<row::RowStats> = state
+            .iter()
+            .zip(&s_y)
+            .map(|(st, &sy)| st.stats(sy))
+            .collect();
+        forward_s += t0.elapsed().as_secs_f64();
+        let t1 = std::time::Instant::now();
+        // The rows' dlogits, in place.
+        held.par_chunks_mut(v).enumerate().for_each(|(i, zr)| {
+            let r = group.start + i;
+            let st = &group_stats[i];
+            let c = g_of(r, st) * inv_tau;
+            let y = inputs.chosen_ids[r] as usize;
+            for cols in t.tiles(VT) {
+                row::gradient_tile(
+                    &mut zr[cols.clone()],
+                    cols.contains(&y).then(|| y - cols.start),
+                    inv_tau,
+                    st.lse,
+                    c,
+                );
+            }
+        });
+        let d = View::rows(&held, m, v);
+        // dlm_head (+)= hidden_groupᵀ @ D.
+        product(&mut dlm_head, v, gi > 0, hid.t(), d);
+        // dhidden_group = Σ_tiles D[:, tile] @ lm_head[:, tile]ᵀ.
+        for (ti, cols) in t.tiles(VT).enumerate() {
+            let n = cols.len();
+            t.head_tile(&cols, &mut w);
+            let dt = View {
+                d: &held[cols.start..],
+                rows: m,
+                cols: n,
+                rs: v,
+                cs: 1,
+            };
+            product(
+                &mut dhidden[group.start * h..group.end * h],
+                h,
+                ti > 0,
+                dt,
+                View::rows(&w, h, n).t(),
+            );
+        }
+        gradients_s += t1.elapsed().as_secs_f64();
+        stats.extend(group_stats);
+    }
+    OnePass {
+        stats,
+        grads: FusedGrads { dhidden, dlm_head },
+        forward_s,
+        gradients_s,
+    }
+}
+
 /// The row-at-a-time implementation this module replaced (the reference of the tests).
 #[cfg(test)]
 pub(super) fn grads_rowwise(o: &Oracle, case: &Case, inputs: &Inputs) -> FusedGrads {

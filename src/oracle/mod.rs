@@ -13,6 +13,12 @@ pub const FUSED_TILE: usize = fused::VT;
 /// Token rows per product of the fused level (host memory counts).
 pub const FUSED_ROW_GROUP: usize = fused::ROW_GROUP;
 
+/// Token rows the fused one-pass path holds at a time at vocabulary `v` (whole f64 rows,
+/// at most 1 GiB of them).
+pub fn fused_hold_rows(v: usize) -> usize {
+    fused::hold_rows(v)
+}
+
 use crate::cases::Case;
 use crate::inputs::Inputs;
 use crate::spec::{DType, IsLevel, Level, LogitsDtype, LossType};
@@ -138,6 +144,8 @@ pub struct Oracle {
     pub scale_loss: Vec<f64>,
     /// Fused level: the gradients, once computed ([`Oracle::fused_grads`]).
     fused: OnceLock<FusedGrads>,
+    /// Seconds [`Oracle::fused_grads`] took to compute them.
+    fused_s: OnceLock<f64>,
     /// Fused level: the rows near a branch edge, once computed ([`Oracle::fused_branch_rows`]).
     fused_branches: OnceLock<Vec<BranchRow>>,
 }
@@ -382,6 +390,96 @@ impl Oracle {
         Self::with_stats(case, inputs, forward(case, inputs, DEFAULT_CHUNK))
     }
 
+    /// Whether [`Oracle::one_pass`] applies to `case`: the fused level with token-level
+    /// importance sampling (a row's ∂loss/∂logp then follows from the row alone).
+    pub fn one_pass_applies(case: &Case) -> bool {
+        case.level == Level::Fused && case.knobs.importance_sampling_level == IsLevel::Token
+    }
+
+    /// A fused token-level case's inputs completed and its oracle evaluated, gradients
+    /// included, in one pass over groups of whole rows ([`fused::one_pass`]: three
+    /// logits-sized f64 products, where generating the inputs with the forward pass and
+    /// then the gradients take four). `inputs` holds every input but old_logp and
+    /// ref_logp; `place(row, logp)` gives those of a row from its true logp (written
+    /// into `inputs`). Returns the oracle and the seconds of the forward part and of the
+    /// gradients. The oracle is [`Oracle::with_stats`]'s on the completed inputs, with
+    /// [`Oracle::fused_grads`] already computed.
+    pub fn one_pass(
+        case: &Case,
+        inputs: &mut Inputs,
+        place: &(dyn Fn(usize, f64) -> (f32, f32) + Sync),
+    ) -> (Oracle, f64, f64) {
+        Self::one_pass_grouped(case, inputs, place, fused::hold_rows(case.shape.v))
+    }
+
+    /// [`Oracle::one_pass`] holding `group` rows at a time.
+    pub(crate) fn one_pass_grouped(
+        case: &Case,
+        inputs: &mut Inputs,
+        place: &(dyn Fn(usize, f64) -> (f32, f32) + Sync),
+        group: usize,
+    ) -> (Oracle, f64, f64) {
+        assert!(
+            Self::one_pass_applies(case),
+            "one_pass: a fused token-level case"
+        );
+        use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+        let rows = case.shape.rows();
+        let (weight, _) = weights(case, inputs);
+        let old: Vec<AtomicU32> = (0..rows).map(|_| AtomicU32::new(0)).collect();
+        let refp: Vec<AtomicU32> = (0..rows).map(|_| AtomicU32::new(0)).collect();
+        let g_used: Vec<AtomicU64> = (0..rows).map(|_| AtomicU64::new(0)).collect();
+        let t_n = case.shape.t;
+        let frozen: &Inputs = inputs;
+        let g_of = |r: usize, st: &row::RowStats| -> f64 {
+            let (o, rf) = place(r, st.logp);
+            old[r].store(o.to_bits(), Ordering::Relaxed);
+            refp[r].store(rf.to_bits(), Ordering::Relaxed);
+            let (eo, er) = if frozen.mask[r] == 0.0 {
+                (st.logp, st.logp)
+            } else {
+                (o as f64, rf as f64)
+            };
+            let g = token_terms(
+                &case.knobs,
+                TokenIn {
+                    a: frozen.advantages[r / t_n] as f64,
+                    logp: st.logp,
+                    log_r: st.logp - eo,
+                    old_logp: eo,
+                    ref_logp: er,
+                    mask: frozen.mask[r] as f64,
+                    weight: weight[r],
+                    scale_logp: 0.0,
+                    wsum: 0.0,
+                    msum: 0.0,
+                },
+            )
+            .g;
+            g_used[r].store(g.to_bits(), Ordering::Relaxed);
+            g
+        };
+        let pass = fused::one_pass(case, frozen, &g_of, group);
+        for r in 0..rows {
+            inputs.old_logp[r] = f32::from_bits(old[r].load(Ordering::Relaxed));
+            inputs.ref_logp[r] = f32::from_bits(refp[r].load(Ordering::Relaxed));
+        }
+        let t0 = std::time::Instant::now();
+        let o = Self::with_stats(case, inputs, TokenStats::from_rows(&pass.stats));
+        let terms_s = t0.elapsed().as_secs_f64();
+        for (r, g) in g_used.iter().enumerate() {
+            // The gradients were formed with the g the oracle itself computes.
+            assert_eq!(
+                f64::from_bits(g.load(Ordering::Relaxed)).to_bits(),
+                o.g[r].to_bits(),
+                "one_pass: row {r}'s ∂loss/∂logp differs from the oracle's"
+            );
+        }
+        let _ = o.fused.set(pass.grads);
+        let _ = o.fused_s.set(pass.gradients_s);
+        (o, pass.forward_s + terms_s, pass.gradients_s)
+    }
+
     /// Evaluates a case from precomputed forward statistics.
     pub fn with_stats(case: &Case, inputs: &Inputs, stats: TokenStats) -> Oracle {
         let (b_n, t_n) = (case.shape.b, case.shape.t);
@@ -454,6 +552,7 @@ impl Oracle {
             weight,
             stats,
             fused: OnceLock::new(),
+            fused_s: OnceLock::new(),
             fused_branches: OnceLock::new(),
         };
         for (i, t) in terms.iter().enumerate() {
@@ -644,13 +743,37 @@ impl Oracle {
         self.fused.get_or_init(|| {
             #[cfg(test)]
             FUSED_GRADS_COMPUTED.with(|c| c.set(c.get() + 1));
-            fused::grads(self, case, inputs)
+            let t0 = std::time::Instant::now();
+            let g = fused::grads(self, case, inputs);
+            let _ = self.fused_s.set(t0.elapsed().as_secs_f64());
+            g
         })
     }
 
     /// The fused gradients if [`Oracle::fused_grads`] has computed them.
     pub fn fused_grads_cached(&self) -> Option<&FusedGrads> {
         self.fused.get()
+    }
+
+    /// Seconds [`Oracle::fused_grads`] took, once it has computed them.
+    pub fn fused_grads_seconds(&self) -> Option<f64> {
+        self.fused_s.get().copied()
+    }
+
+    /// Logits level: dlogits [B,T,V] from this oracle's statistics, each element rounded to
+    /// the case dtype (what [`Oracle::with_dlogits_into`] writes, without evaluating the
+    /// forward pass again).
+    pub fn dlogits_into(&self, case: &Case, inputs: &Inputs, dlogits: &mut [f32]) {
+        let v = case.shape.v;
+        assert_eq!(
+            dlogits.len(),
+            case.shape.rows() * v,
+            "dlogits buffer is not [B,T,V]"
+        );
+        dlogits
+            .par_chunks_mut(v)
+            .enumerate()
+            .for_each(|(r, out)| dlogits_row_into(self, case, inputs, r, out));
     }
 
     /// Fused level: every row with another branch in reach (`g_alt` set and different
@@ -807,5 +930,80 @@ mod token_tests {
             .map(|(w, l)| w * l)
             .sum();
         assert!(close(o.loss, loss));
+    }
+}
+
+#[cfg(test)]
+mod one_pass_tests {
+    //! The one-pass path ([`Oracle::one_pass`]) against generating the inputs with the
+    //! forward pass and then computing the gradients (the path every other case takes).
+    use super::*;
+    use crate::cases::parse_fixed;
+
+    /// The same inputs, statistics and per-token terms bit for bit, and the same
+    /// gradients to f64 summation noise, with one group of rows or several (a held
+    /// group shorter than the row count, remainders), both logits dtypes, bf16, a
+    /// hostile mask, the policy profile and every loss type.
+    #[test]
+    fn one_pass_gives_the_two_pass_inputs_and_oracle() {
+        for (spec, groups) in [
+            ("level: fused, b: 3, t: 13, h: 70, v: 2500, beta: 0.04", vec![4096, 7, 1]),
+            ("level: fused, b: 1, t: 40, h: 130, v: 1100, dtype: bf16, logits_dtype: input, temperature: 0.7", vec![4096, 16]),
+            ("level: fused, b: 4, t: 6, h: 16, v: 5000, dtype: bf16, mask: random_hostile, loss_type: bnpo", vec![5]),
+            ("level: fused, b: 2, t: 8, h: 64, v: 2049, dtype: bf16, profile: policy, loss_type: dr_grpo", vec![3]),
+        ] {
+            let case = parse_fixed(spec).unwrap();
+            assert!(Oracle::one_pass_applies(&case));
+            let (a, stats) = Inputs::generate_with_stats(&case);
+            let two = Oracle::with_stats(&case, &a, stats);
+            let g2 = two.fused_grads(&case, &a);
+            for group in groups {
+                let mut b = Inputs::generate_before_forward(&case);
+                let mask = b.mask.clone();
+                let place =
+                    |r: usize, logp: f64| crate::inputs::placed_old_ref(&case, mask[r], r, logp);
+                let (one, _, _) = Oracle::one_pass_grouped(&case, &mut b, &place, group);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a.old_logp), bits(&b.old_logp), "{spec} / {group}");
+                assert_eq!(bits(&a.ref_logp), bits(&b.ref_logp), "{spec} / {group}");
+                assert_eq!(
+                    (&a.hidden, &a.lm_head, &a.chosen_ids, &a.advantages, &a.mask),
+                    (&b.hidden, &b.lm_head, &b.chosen_ids, &b.advantages, &b.mask),
+                    "{spec} / {group}"
+                );
+                assert_eq!(one.stats.lse, two.stats.lse, "{spec} / {group}");
+                assert_eq!(one.g, two.g, "{spec} / {group}");
+                assert_eq!(one.loss.to_bits(), two.loss.to_bits(), "{spec} / {group}");
+                let g1 = one.fused_grads_cached().expect("computed by the pass");
+                for (x, y, what) in [
+                    (&g1.dhidden, &g2.dhidden, "dhidden"),
+                    (&g1.dlm_head, &g2.dlm_head, "dlm_head"),
+                ] {
+                    let scale = y.iter().fold(0f64, |m, v| m.max(v.abs()));
+                    let worst = x
+                        .iter()
+                        .zip(y.iter())
+                        .fold(0f64, |m, (p, q)| m.max((p - q).abs()));
+                    assert!(
+                        worst <= 1e-13 * scale,
+                        "{spec} / {group}: {what} off by {worst:e} of {scale:e}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A wrong row placement in the pass (another row's logp) changes the inputs: the
+    /// comparison above would see it.
+    #[test]
+    fn a_misplaced_row_is_seen() {
+        let case = parse_fixed("level: fused, b: 2, t: 4, h: 8, v: 300").unwrap();
+        let (a, _) = Inputs::generate_with_stats(&case);
+        let mut b = Inputs::generate_before_forward(&case);
+        let mask = b.mask.clone();
+        let place =
+            |r: usize, logp: f64| crate::inputs::placed_old_ref(&case, mask[r], (r + 1) % 8, logp);
+        let _ = Oracle::one_pass_grouped(&case, &mut b, &place, 3);
+        assert_ne!(a.old_logp, b.old_logp);
     }
 }
