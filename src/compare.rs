@@ -8,6 +8,8 @@
 //!   combination checked nothing, and a cargo-nextest run does not list it);
 //! - **error growth**: an output's norm-wise error more than doubled and is above 1e-6
 //!   (the gates are deterministic for fixed inputs, so unchanged code gives equal errors);
+//! - **precision class**: a trajectory trial reached a looser class than before
+//!   (docs/spec.md, "Precision classes"), whatever its verdict;
 //! - **memory**: the compiled peak grew by more than [`PEAK_MARGIN`] (deterministic for a
 //!   pinned compiler);
 //! - **time**, per backend/implementation: a trial is judged when both runs have ≥ 3 timed
@@ -250,6 +252,24 @@ pub fn compare(base: &Run, new: &Run) -> Comparison {
                 }
             }
         }
+        let class = |o: &TrialOutcome| {
+            o.trajectory
+                .as_ref()
+                .filter(|t| t.required_class.is_some())
+                .map(|t| t.class)
+        };
+        if let (Some(cb), Some(cn)) = (class(b), class(n)) {
+            let show = |c: Option<crate::precision_class::PrecisionClass>| {
+                c.map_or("below bf16".to_string(), |c| c.to_string())
+            };
+            if cn < cb {
+                c.regressions
+                    .push(f(name, "precision class", show(cb), show(cn)));
+            } else if cn > cb {
+                c.improvements
+                    .push(f(name, "precision class", show(cb), show(cn)));
+            }
+        }
         let peak = |o: &TrialOutcome| o.memory.as_ref().and_then(|m| m.peak_bytes);
         if let (Some(pb), Some(pn)) = (peak(b), peak(n)) {
             let grow = pn as f64 / pb.max(1) as f64 - 1.0;
@@ -397,5 +417,58 @@ mod tests {
         assert!((slowdown_threshold(&steady, &steady) - MIN_SLOWDOWN).abs() < 1e-12);
         let noisy = [1.0, 1.3, 0.7, 1.1, 0.9];
         assert!(slowdown_threshold(&noisy, &steady) > 0.25);
+    }
+
+    /// A trajectory trial that reached a looser precision class regresses even when both
+    /// runs pass it; a stricter class is an improvement.
+    #[test]
+    fn a_looser_precision_class_is_a_regression() {
+        use crate::precision_class::PrecisionClass::{Bf16, Bf16x3};
+        use crate::trajectory::{Optimizer, TrajectoryRecord, TrajectorySpec};
+        let with = |class| {
+            let mut r = run(None);
+            let mut o = TrialOutcome::new(
+                "trajectory/pjrt-cpu/k/c/adam".into(),
+                crate::runner::TrialKind::Trajectory,
+                "pjrt-cpu",
+                "k",
+                "c/adam",
+            );
+            o.trajectory = Some(TrajectoryRecord {
+                label: "adam".into(),
+                spec: TrajectorySpec {
+                    suites: vec![],
+                    optimizer: Optimizer::Adam,
+                    lr: 0.004,
+                    steps: 1,
+                    num_iterations: 2,
+                    group_size: 2,
+                    init_std: 0.3,
+                },
+                via: "fused".into(),
+                points: Vec::new(),
+                judgement: crate::trajectory::verdict::judge(&[], 4.0, 1),
+                classes: Vec::new(),
+                class: Some(class),
+                required_class: Some(Bf16),
+                sign_agreement: None,
+                expected_class: None,
+            });
+            r.trials.insert(o.name.clone(), o);
+            r
+        };
+        let c = compare(&with(Bf16x3), &with(Bf16));
+        assert!(c.regressed(), "{c:?}");
+        assert_eq!(c.regressions[0].what, "precision class");
+        assert_eq!(
+            (
+                c.regressions[0].base.as_str(),
+                c.regressions[0].new.as_str()
+            ),
+            ("bf16x3", "bf16")
+        );
+        let c = compare(&with(Bf16), &with(Bf16x3));
+        assert!(!c.regressed() && c.improvements[0].what == "precision class");
+        assert!(!compare(&with(Bf16), &with(Bf16)).regressed());
     }
 }

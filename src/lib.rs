@@ -31,6 +31,7 @@ pub mod outcome;
 pub mod outputs;
 pub mod partition;
 pub mod precision;
+pub mod precision_class;
 pub mod records;
 pub mod report;
 pub mod run_identity;

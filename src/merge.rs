@@ -99,7 +99,14 @@ fn merge_pieces(out: &Path, files: &[PathBuf]) -> Result<Merged> {
     for f in files {
         lines.extend(read_lines(f)?);
     }
-    let keys = ["suite", "config_digest", "tol_scale", "xla_cpu", "oracle_version", "generator_version"];
+    let keys = [
+        "suite",
+        "config_digest",
+        "tol_scale",
+        "xla_cpu",
+        "oracle_version",
+        "generator_version",
+    ];
     if let Some((p0, l0, first)) = lines.first() {
         for (p, l, m) in &lines {
             for k in keys {
@@ -119,7 +126,11 @@ fn merge_pieces(out: &Path, files: &[PathBuf]) -> Result<Merged> {
     let mut order: Vec<String> = Vec::new();
     let mut last: HashMap<String, Map<String, Value>> = HashMap::new();
     for (_, _, m) in lines {
-        let name = m.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+        let name = m
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         if last.insert(name.clone(), m).is_none() {
             order.push(name);
         }
@@ -149,9 +160,15 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
         bail!("no shard records given");
     }
     if files.iter().any(|f| f == out) {
-        bail!("{}: the output is one of the shards; write the merged run to another file", out.display());
+        bail!(
+            "{}: the output is one of the shards; write the merged run to another file",
+            out.display()
+        );
     }
-    let stamped: Vec<&PathBuf> = files.iter().filter(|f| ShardStamp::path_for(f).exists()).collect();
+    let stamped: Vec<&PathBuf> = files
+        .iter()
+        .filter(|f| ShardStamp::path_for(f).exists())
+        .collect();
     if stamped.is_empty() {
         return merge_pieces(out, files);
     }
@@ -181,9 +198,21 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
     // One plan: the same digest, count, weights, configuration and suite everywhere.
     for s in &shards[1..] {
         let fields = [
-            ("plan_digest", &first.stamp.plan_digest, &s.stamp.plan_digest),
-            ("weights_digest", &first.stamp.weights_digest, &s.stamp.weights_digest),
-            ("config_digest", &first.stamp.config_digest, &s.stamp.config_digest),
+            (
+                "plan_digest",
+                &first.stamp.plan_digest,
+                &s.stamp.plan_digest,
+            ),
+            (
+                "weights_digest",
+                &first.stamp.weights_digest,
+                &s.stamp.weights_digest,
+            ),
+            (
+                "config_digest",
+                &first.stamp.config_digest,
+                &s.stamp.config_digest,
+            ),
             ("suite", &first.stamp.suite, &s.stamp.suite),
         ];
         for (field, a, b) in fields {
@@ -226,13 +255,20 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
             "shard{} {} missing from the split into {n} (given: {})",
             if missing.len() == 1 { "" } else { "s" },
             missing.join(", "),
-            by_index.keys().map(|i| format!("{i}/{n}")).collect::<Vec<_>>().join(", ")
+            by_index
+                .keys()
+                .map(|i| format!("{i}/{n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     // The code digest each implementation's lines carry (for an ERROR line's).
     let mut code: HashMap<String, Value> = HashMap::new();
     for (_, _, m) in shards.iter().flat_map(|s| &s.lines) {
-        if let (Some(i), Some(d)) = (m.get("implementation").and_then(Value::as_str), m.get("code_digest")) {
+        if let (Some(i), Some(d)) = (
+            m.get("implementation").and_then(Value::as_str),
+            m.get("code_digest"),
+        ) {
             code.entry(i.to_string()).or_insert_with(|| d.clone());
         }
     }
@@ -254,22 +290,41 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
         lines.sort_by_key(|(_, _, m)| time_of(m));
         for (file, line, m) in lines {
             let at = || format!("{}:{line}", file.display());
-            let shard: Option<ShardLine> = m.get("shard").cloned().and_then(|v| serde_json::from_value(v).ok());
+            let shard: Option<ShardLine> = m
+                .get("shard")
+                .cloned()
+                .and_then(|v| serde_json::from_value(v).ok());
             if shard.as_ref() != Some(&want) {
                 bail!(
                     "{}: field `shard` is {}, but the file's stamp says {} of plan {}",
                     at(),
-                    shard.map_or("absent".to_string(), |x| format!("{} of plan {}", x.partition, x.plan_digest)),
+                    shard.map_or("absent".to_string(), |x| format!(
+                        "{} of plan {}",
+                        x.partition, x.plan_digest
+                    )),
                     want.partition,
                     want.plan_digest
                 );
             }
-            let name = m.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+            let name = m
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
             if !assigned.contains_key(name.as_str()) {
-                bail!("{}: trial `{name}` is not assigned to shard {}", at(), want.partition);
+                bail!(
+                    "{}: trial `{name}` is not assigned to shard {}",
+                    at(),
+                    want.partition
+                );
             }
             if let Some(other) = owner.get(&name).filter(|o| **o != s.path.as_path()) {
-                bail!("{}: trial `{name}` is in shard {} and in {} too", at(), want.partition, other.display());
+                bail!(
+                    "{}: trial `{name}` is in shard {} and in {} too",
+                    at(),
+                    want.partition,
+                    other.display()
+                );
             }
             owner.insert(name.clone(), &s.path);
             let mut m = m.clone();
@@ -325,9 +380,19 @@ fn error_line(
         _ => unreachable!("an outcome is an object"),
     };
     m.insert("suite".into(), Value::String(stamp.suite.clone()));
-    m.insert("config_digest".into(), Value::String(stamp.config_digest.clone()));
+    m.insert(
+        "config_digest".into(),
+        Value::String(stamp.config_digest.clone()),
+    );
     if let Some(t) = template {
-        for k in ["unix_time", "host", "oracle_version", "generator_version", "tol_scale", "xla_cpu"] {
+        for k in [
+            "unix_time",
+            "host",
+            "oracle_version",
+            "generator_version",
+            "tol_scale",
+            "xla_cpu",
+        ] {
             if let Some(v) = t.get(k) {
                 m.insert(k.into(), v.clone());
             }

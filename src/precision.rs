@@ -11,6 +11,7 @@
 //! fp32: those pass on `tpu`. Dots with one f32 and one narrower operand are recorded
 //! (`mixed`) and not judged.
 
+use crate::precision_class::PrecisionClass;
 use serde::{Deserialize, Serialize};
 
 /// One matmul with an f32 operand, as the exporter recorded it (equal ones merged).
@@ -82,6 +83,33 @@ impl Dot {
             "tpu" => self.kernel.is_none() || self.precision != "DEFAULT",
             "cuda" => true,
             _ => false,
+        }
+    }
+
+    /// The precision class of this dot on `platform` (see
+    /// [`PrecisionReport::expected_class`]).
+    pub fn class_on(&self, platform: &str) -> PrecisionClass {
+        let p = self.precision.as_str();
+        match platform {
+            "cpu" => match self.emulated.as_deref() {
+                Some("bf16") => PrecisionClass::Bf16,
+                Some("tf32") => PrecisionClass::Tf32,
+                _ => PrecisionClass::F32,
+            },
+            "tpu" => match p {
+                "DEFAULT" if self.kernel.is_some() => PrecisionClass::F32,
+                "DEFAULT" | "BF16_BF16_F32" | "BF16_BF16_BF16" => PrecisionClass::Bf16,
+                "HIGH" | "BF16_BF16_F32_X3" | "TF32_TF32_F32_X3" => PrecisionClass::Bf16x3,
+                "TF32_TF32_F32" => PrecisionClass::Tf32,
+                _ => PrecisionClass::F32,
+            },
+            "cuda" => match p {
+                "DEFAULT" | "HIGH" | "TF32_TF32_F32" => PrecisionClass::Tf32,
+                "BF16_BF16_F32" | "BF16_BF16_BF16" => PrecisionClass::Bf16,
+                "BF16_BF16_F32_X3" | "TF32_TF32_F32_X3" => PrecisionClass::Bf16x3,
+                _ => PrecisionClass::F32,
+            },
+            _ => PrecisionClass::F32,
         }
     }
 
@@ -167,6 +195,20 @@ impl PrecisionReport {
         self
     }
 
+    /// The precision class the module's dots imply (docs/spec.md, "Precision classes"):
+    /// the loosest any matmul with an f32 operand (mixed ones included: dz against a bf16
+    /// operand) is computed at, `f32` when none is reduced. On `cpu` what the export
+    /// computed (its emulation); on `tpu` and `cuda` what the accelerator does (a TPU's
+    /// DEFAULT one bf16 pass, HIGH three, Mosaic's DEFAULT fp32; a GPU's DEFAULT and HIGH
+    /// TF32). Behaviour decides a trial's class; this is what the code says.
+    pub fn expected_class(&self) -> PrecisionClass {
+        self.dots
+            .iter()
+            .map(|d| d.class_on(&self.platform))
+            .min()
+            .unwrap_or(PrecisionClass::F32)
+    }
+
     /// The table's note when it matters: `3 f32 matmuls at DEFAULT (emulated as tpu)`, or
     /// None when every f32 matmul is full precision (or mixed).
     pub fn summary(&self) -> Option<String> {
@@ -245,6 +287,40 @@ mod tests {
             emulated: None,
             count: 1,
         }
+    }
+
+    /// The class a manifest implies: the loosest of its dots, mixed ones included, by what
+    /// the platform computes (on cpu: what the export emulated).
+    #[test]
+    fn a_manifest_implies_the_loosest_class_of_its_dots() {
+        use PrecisionClass::*;
+        let class = |platform: &str, dots: &[Dot]| {
+            PrecisionReport::judge(platform, dots, None, &[]).map_or(F32, |r| r.expected_class())
+        };
+        let mixed_default = dot("DEFAULT", None, true);
+        assert_eq!(class("tpu", &[mixed_default.clone()]), Bf16);
+        assert_eq!(class("cuda", &[mixed_default.clone()]), Tf32);
+        assert_eq!(class("tpu", &[dot("HIGH", None, false)]), Bf16x3);
+        assert_eq!(
+            class("tpu", &[dot("DEFAULT", Some("k"), false)]),
+            F32,
+            "Mosaic: fp32"
+        );
+        assert_eq!(
+            class("tpu", &[dot("HIGHEST", None, true), mixed_default.clone()]),
+            Bf16
+        );
+        assert_eq!(class("tpu", &[]), F32);
+        let mut cpu = mixed_default;
+        assert_eq!(
+            class("cpu", &[cpu.clone()]),
+            F32,
+            "not emulated: f32 on a CPU"
+        );
+        cpu.emulated = Some("bf16".into());
+        assert_eq!(class("cpu", &[cpu.clone()]), Bf16);
+        cpu.emulated = Some("tf32".into());
+        assert_eq!(class("cpu", &[cpu]), Tf32);
     }
 
     #[test]

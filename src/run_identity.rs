@@ -272,8 +272,14 @@ mod tests {
         let mut r = recorded(&id);
         r.kind = Some(crate::outcome::TrialKind::Sweep);
         r.config_digest = None; // sweep rows carry no run identity
-        let e = id.check(Path::new("s.jsonl"), 1, &r).unwrap_err().to_string();
-        assert!(e.contains("a row of `grpo-suite sweep`") && !e.contains("older"), "{e}");
+        let e = id
+            .check(Path::new("s.jsonl"), 1, &r)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("a row of `grpo-suite sweep`") && !e.contains("older"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ use crate::backends::{self, Backend, Mutation, Refusal, RunOptions};
 use crate::cases::{Case, Matrix, Suite};
 use crate::config::{Config, ExpectedFailure};
 use crate::golden::{self, Check};
+use crate::precision_class::PrecisionClass;
 use crate::runner::{run_trial, CaseCache, Prepared, TrialKind, TrialOutcome, Verdict};
 use anyhow::{bail, Result};
 use std::collections::HashMap;
@@ -98,6 +99,8 @@ pub enum Work {
         spec: crate::trajectory::TrajectorySpec,
         /// The expected-failure entry that covers it (the case's).
         expected: Option<ExpectedFailure>,
+        /// The precision class it must reach (docs/spec.md, "Precision classes").
+        required: PrecisionClass,
     },
     /// The biased-dlm_head variant: passes every per-call gate, must fail a trajectory.
     TrajectoryShouldFail,
@@ -213,6 +216,9 @@ pub struct Plan {
     pub golden: crate::cases::GoldenDirs,
     /// Rewrite golden files instead of checking them.
     pub bless: bool,
+    /// The configuration's `min_precision_class` (the should-fail trajectory variant's
+    /// requirement, which no entry names).
+    min_precision_class: Option<crate::precision_class::ClassRule>,
     reference: Arc<dyn Backend>,
 }
 
@@ -259,7 +265,16 @@ impl Plan {
         bless: bool,
         open: &[String],
     ) -> Result<Plan> {
-        Plan::build_inner(matrix, suite, config, required, bless, !open.is_empty(), true, Some(open))
+        Plan::build_inner(
+            matrix,
+            suite,
+            config,
+            required,
+            bless,
+            !open.is_empty(),
+            true,
+            Some(open),
+        )
     }
 
     /// [`Plan::build`] (or, with `worker`, [`Plan::build_for_worker`]) over a matrix that
@@ -330,7 +345,12 @@ impl Plan {
                 only.retain_backends(names);
                 let (ready, mut unavailable) = backends::available(&only, config.export_timeout_s);
                 let opened = only.names();
-                for n in config.backends.names().into_iter().filter(|n| !opened.contains(n)) {
+                for n in config
+                    .backends
+                    .names()
+                    .into_iter()
+                    .filter(|n| !opened.contains(n))
+                {
                     unavailable.push(backends::Unavailable {
                         name: n,
                         reason: "not opened (this process runs none of its trials)".into(),
@@ -449,6 +469,22 @@ impl Plan {
                 (b.clone(), target, configured_implementations(config, b))
             })
             .collect();
+        // Each entry's `min_precision_class`, by (backend, implementation name).
+        let rules: HashMap<(String, String), Option<crate::precision_class::ClassRule>> = names
+            .iter()
+            .flat_map(|b| {
+                config
+                    .backends
+                    .implementations_on(b)
+                    .into_iter()
+                    .map(move |c| {
+                        (
+                            (b.clone(), c.display_name().to_string()),
+                            c.min_precision_class,
+                        )
+                    })
+            })
+            .collect();
         // Case-major: every trial of a case, then its golden check, before the next case,
         // so a sequential run holds one case's inputs and oracle at a time (gigabytes at
         // the nightly shapes).
@@ -493,6 +529,13 @@ impl Plan {
                                 case: c.clone(),
                                 spec: spec.clone(),
                                 expected,
+                                required: crate::precision_class::required(
+                                    rules
+                                        .get(&(b.clone(), imp.clone()))
+                                        .and_then(|r| r.as_ref()),
+                                    config.min_precision_class.as_ref(),
+                                    c.dtype,
+                                ),
                             },
                         });
                     }
@@ -532,8 +575,14 @@ impl Plan {
             unavailable,
             golden: crate::cases::GoldenDirs::suite_only(crate::repo_root().join("golden")),
             bless,
+            min_precision_class: config.min_precision_class.clone(),
             reference: Arc::new(backends::ReferenceBackend::default()),
         })
+    }
+
+    /// The class the trajectory should-fail variant must reach on `case`.
+    fn variant_required_class(&self, case: &Case) -> PrecisionClass {
+        crate::precision_class::required(None, self.min_precision_class.as_ref(), case.dtype)
     }
 
     /// Keeps the selected trials only.
@@ -782,6 +831,7 @@ impl Plan {
                 case,
                 spec,
                 expected,
+                required,
             } => {
                 let mut o = TrialOutcome::new(t.name.clone(), TrialKind::Trajectory, b, i, c);
                 match target {
@@ -797,10 +847,13 @@ impl Plan {
                                     spec,
                                     f.as_mut(),
                                     via,
+                                    *required,
                                     |_| {},
                                 ) {
-                                    Ok(rec) => {
-                                        o.detail = Some(rec.judgement.message.clone());
+                                    Ok(mut rec) => {
+                                        rec.expected_class =
+                                            f.precision().map(|p| p.expected_class());
+                                        o.detail = Some(rec.summary());
                                         o.trajectory = Some(rec);
                                         crate::judge::judge_trajectory(&mut o);
                                     }
@@ -866,6 +919,7 @@ impl Plan {
         let biased = || HostLogits {
             via: LogitsFn::Naive,
             bias: SHOULD_FAIL_BIAS,
+            class: crate::trajectory::Rounding::Class(PrecisionClass::F32),
         };
         let mut per_call = Vec::new();
         let mut caught = None;
@@ -904,14 +958,17 @@ impl Plan {
             }
             for spec in specs {
                 tried += 1;
-                match crate::trajectory::execute(case, spec, &mut biased(), "host", |_| {}) {
-                    Ok(rec) if !rec.judgement.passed && caught.is_none() => {
-                        caught = Some(format!(
-                            "{}/{}: {}",
-                            case.id,
-                            spec.label(),
-                            rec.judgement.message
-                        ));
+                let required = self.variant_required_class(case);
+                match crate::trajectory::execute(
+                    case,
+                    spec,
+                    &mut biased(),
+                    "host",
+                    required,
+                    |_| {},
+                ) {
+                    Ok(rec) if !rec.passed() && caught.is_none() => {
+                        caught = Some(format!("{}/{}: {}", case.id, spec.label(), rec.summary()));
                     }
                     Ok(_) => {}
                     Err(e) => {
@@ -1000,6 +1057,7 @@ fn trajectory_loss(
             Box::new(BackendFused {
                 backend: backend.clone(),
                 implementation: implementation.to_string(),
+                precision: None,
             }),
             "fused",
         )),
@@ -1020,6 +1078,7 @@ fn trajectory_loss(
                         implementation: implementation.to_string(),
                     },
                     bias: 0.0,
+                    class: crate::trajectory::Rounding::Class(PrecisionClass::F32),
                 }),
                 "host-logits",
             ))

@@ -151,7 +151,10 @@ fn compare_flags_exactly_the_injected_regressions() {
         .iter()
         .rposition(|l| l["implementation"] == "oracle" && l["verdict"] == "pass")
         .expect("a second oracle trial");
-    want.push((lines[gone]["name"].as_str().unwrap().to_string(), "vanished"));
+    want.push((
+        lines[gone]["name"].as_str().unwrap().to_string(),
+        "vanished",
+    ));
     lines.remove(gone);
     let mut na = lines[0].clone();
     na["name"] = serde_json::json!("reference/naive_f32/a-case-of-another-level");

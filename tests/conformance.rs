@@ -59,9 +59,12 @@ fn main() {
     let open: Option<Vec<String>> = if args.list {
         Some(Vec::new())
     } else if args.exact {
-        args.filter
-            .as_deref()
-            .map(|f| listing::backend_of(f, &backend_names).into_iter().cloned().collect())
+        args.filter.as_deref().map(|f| {
+            listing::backend_of(f, &backend_names)
+                .into_iter()
+                .cloned()
+                .collect()
+        })
     } else {
         None
     };
@@ -125,7 +128,9 @@ fn main() {
         for t in &plan.trials {
             match listing::verdict(t, &levels, &config) {
                 Some(Verdict::NotApplicable(_)) => {}
-                Some(_) => trials.push(Trial::test(t.name.clone(), || Ok(())).with_ignored_flag(true)),
+                Some(_) => {
+                    trials.push(Trial::test(t.name.clone(), || Ok(())).with_ignored_flag(true))
+                }
                 None => trials.push(Trial::test(t.name.clone(), || Ok(()))),
             }
         }
@@ -141,30 +146,33 @@ fn main() {
         trials.push(Trial::test(format!("{b}/prepare"), move || Err(e.into())));
     }
     let records = {
-        let path = env::records()
-            .unwrap_or_else(|e| fail(e))
-            .unwrap_or_else(|| match std::env::var("NEXTEST_RUN_ID") {
-                // Under cargo-nextest, one file per process (per test attempt) in one
-                // directory per run.
-                Ok(run) => {
-                    let attempt = std::env::var("NEXTEST_ATTEMPT_ID")
-                        .map(|a| a.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_"))
-                        .unwrap_or_else(|_| std::process::id().to_string());
-                    repo_root()
-                        .join("target/grpo-records")
-                        .join(format!("nextest-{run}"))
-                        .join(format!("{attempt}.jsonl"))
-                }
-                Err(_) => {
-                    let t = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_secs())
-                        .unwrap_or(0);
-                    repo_root()
-                        .join("target/grpo-records")
-                        .join(format!("cargo-test-{}-{t}.jsonl", suite.name()))
-                }
-            });
+        let path =
+            env::records()
+                .unwrap_or_else(|e| fail(e))
+                .unwrap_or_else(|| match std::env::var("NEXTEST_RUN_ID") {
+                    // Under cargo-nextest, one file per process (per test attempt) in one
+                    // directory per run.
+                    Ok(run) => {
+                        let attempt = std::env::var("NEXTEST_ATTEMPT_ID")
+                            .map(|a| {
+                                a.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_")
+                            })
+                            .unwrap_or_else(|_| std::process::id().to_string());
+                        repo_root()
+                            .join("target/grpo-records")
+                            .join(format!("nextest-{run}"))
+                            .join(format!("{attempt}.jsonl"))
+                    }
+                    Err(_) => {
+                        let t = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0);
+                        repo_root()
+                            .join("target/grpo-records")
+                            .join(format!("cargo-test-{}-{t}.jsonl", suite.name()))
+                    }
+                });
         // Stamped with the run identity (what `--resume` and `merge` check) and, for a
         // shard, the plan's stamp beside the file.
         let identity =

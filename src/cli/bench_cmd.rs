@@ -59,7 +59,10 @@ fn check_writable(path: &std::path::Path) -> Result<()> {
         _ => std::path::Path::new("."),
     };
     if path.is_dir() {
-        bail!("--json {}: is a directory (give a file path)", path.display());
+        bail!(
+            "--json {}: is a directory (give a file path)",
+            path.display()
+        );
     }
     let probe = dir.join(format!(".grpo-bench-probe-{}", std::process::id()));
     std::fs::OpenOptions::new()
@@ -69,7 +72,13 @@ fn check_writable(path: &std::path::Path) -> Result<()> {
         .map(|_| {
             let _ = std::fs::remove_file(&probe);
         })
-        .map_err(|e| anyhow::anyhow!("--json {}: cannot write in {} ({e})", path.display(), dir.display()))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "--json {}: cannot write in {} ({e})",
+                path.display(),
+                dir.display()
+            )
+        })
 }
 
 /// Writes the rows as JSON lines to `path`.

@@ -307,7 +307,10 @@ pub fn dispatch(cli: Cli) -> Result<()> {
                 if m.missing.is_empty() {
                     String::new()
                 } else {
-                    format!("; {} assigned trials without a record are ERROR lines", m.missing.len())
+                    format!(
+                        "; {} assigned trials without a record are ERROR lines",
+                        m.missing.len()
+                    )
                 }
             );
             Ok(())

@@ -174,6 +174,11 @@ pub struct ImplConfig {
     /// entry (default: every one), for an option set that suits one TPU generation.
     #[serde(default)]
     pub topologies: Option<Vec<String>>,
+    /// The precision class this entry's trajectory trials must reach (docs/spec.md,
+    /// "Precision classes"): a class, or one per input dtype (`{bf16: bf16x3}`); a dtype
+    /// it does not name takes the configuration's `min_precision_class`.
+    #[serde(default)]
+    pub min_precision_class: Option<crate::precision_class::ClassRule>,
 }
 
 fn yes() -> bool {
@@ -197,6 +202,7 @@ impl ImplEntry {
                 pythonpath: Vec::new(),
                 cases: None,
                 topologies: None,
+                min_precision_class: None,
             },
             ImplEntry::Full(c) => c.clone(),
         }

@@ -71,6 +71,11 @@ pub struct Config {
     /// Known failures: the trials run, a failure is reported as expected, a pass fails the run.
     #[serde(default)]
     pub expected_failures: Vec<ExpectedFailure>,
+    /// The precision class trajectory trials must reach (a class, or one per input dtype);
+    /// default: `bf16` for bf16 and f16 inputs, `f32` for f32 (docs/spec.md, "Precision
+    /// classes"). An entry's own `min_precision_class` overrides it.
+    #[serde(default)]
+    pub min_precision_class: Option<crate::precision_class::ClassRule>,
     /// The file this configuration came from (for messages).
     #[serde(skip)]
     pub origin: String,
@@ -83,7 +88,7 @@ pub struct Config {
 /// A configuration file that starts from another: `extends: BASE` (a path relative to
 /// this file) and the keys it changes. A backend it names replaces the base's backend
 /// of that name whole; its `expected_failures` are added to the base's; `repeats`,
-/// `warmup` and the timeouts, when given, replace the base's.
+/// `warmup`, the timeouts and `min_precision_class`, when given, replace the base's.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Extension {
@@ -97,6 +102,7 @@ struct Extension {
     backends: RawBackends,
     #[serde(default)]
     expected_failures: Vec<ExpectedFailure>,
+    min_precision_class: Option<crate::precision_class::ClassRule>,
 }
 
 /// Whether YAML `text` has `key` at the top level (a line starting `key:`).
@@ -218,6 +224,9 @@ impl Config {
         }
         if let Some(v) = x.warmup {
             c.warmup = v;
+        }
+        if x.min_precision_class.is_some() {
+            c.min_precision_class = x.min_precision_class;
         }
         check_timeouts(&origin, x.trial_timeout_s, x.export_timeout_s)?;
         c.trial_timeout_s = x.trial_timeout_s.unwrap_or(c.trial_timeout_s);
@@ -407,9 +416,17 @@ mod tests {
             .unwrap()
             .implementations[0]
             .resolved();
-        assert_eq!(imp.speed_budget_on("fused/b1_t8_v2", "v5e:2x2"), Ok(Some(1.05)));
-        assert_eq!(imp.speed_budget_on("fused/b1_t8_v2", "v6e:2x4"), Ok(Some(1.2)));
-        assert!(imp.speed_budget_on("fused/b1_t8_v2", "tpu7x:2x2x1").is_err());
+        assert_eq!(
+            imp.speed_budget_on("fused/b1_t8_v2", "v5e:2x2"),
+            Ok(Some(1.05))
+        );
+        assert_eq!(
+            imp.speed_budget_on("fused/b1_t8_v2", "v6e:2x4"),
+            Ok(Some(1.2))
+        );
+        assert!(imp
+            .speed_budget_on("fused/b1_t8_v2", "tpu7x:2x2x1")
+            .is_err());
         assert_eq!(
             imp.speed_budget_on("fused/b1_t4_v2", "v6e:2x4"),
             Ok(None),
@@ -561,8 +578,14 @@ mod extends_tests {
         assert_eq!(
             at,
             [
-                format!("{}: expected_failures[0]", d.path().join("sub/../base.yaml").display()),
-                format!("{}: expected_failures[0]", d.path().join("sub/top.yaml").display())
+                format!(
+                    "{}: expected_failures[0]",
+                    d.path().join("sub/../base.yaml").display()
+                ),
+                format!(
+                    "{}: expected_failures[0]",
+                    d.path().join("sub/top.yaml").display()
+                )
             ]
         );
         // Paths against the directory of the file that names them.

@@ -72,7 +72,10 @@ impl SpeedBudget {
                     format!("topology `{topology}` is of no generation in the roofline table, but the speed budget {self} is per generation")
                 })?;
                 m.get(g.name).copied().ok_or_else(|| {
-                    format!("the speed budget {self} gives no bound for {} (topology `{topology}`)", g.name)
+                    format!(
+                        "the speed budget {self} gives no bound for {} (topology `{topology}`)",
+                        g.name
+                    )
                 })
             }
         }
@@ -167,7 +170,10 @@ mod tests {
         );
         // A lookup that finds nothing says so (it used to be "no budget", a silent pass).
         let two = per(&[("v5e", 1.05), ("v6e", 1.2)]);
-        assert!(two.on("tpu7x:2x2x1").unwrap_err().contains("gives no bound for tpu7x"));
+        assert!(two
+            .on("tpu7x:2x2x1")
+            .unwrap_err()
+            .contains("gives no bound for tpu7x"));
         assert!(two.on("v4:2x2").unwrap_err().contains("of no generation"));
     }
 

@@ -99,21 +99,10 @@ pub fn measured(f: Figure, out: &TrialOutcome) -> Option<f64> {
             .as_ref()
             .map(|b| b.ratio)
             .or_else(|| out.memory.as_ref().and_then(|m| m.peak_over_floor())),
-        Figure::DriftOverBound => out.trajectory.as_ref().map(|t| {
-            let j = &t.judgement;
-            t.points
-                .iter()
-                .zip(&j.bounds)
-                .take(j.judged_steps)
-                .map(|(p, b)| p.drift_implementation / b)
-                .fold(0.0, |a: f64, r| {
-                    if a.is_nan() || r.is_nan() {
-                        f64::NAN
-                    } else {
-                        a.max(r)
-                    }
-                })
-        }),
+        Figure::DriftOverBound => out
+            .trajectory
+            .as_ref()
+            .map(|t| t.worst_ratio(t.required_judgement())),
         Figure::UndeclaredMatmuls => out
             .precision
             .as_ref()

@@ -11,7 +11,8 @@ pub enum Figure {
     RooflineOverBaseline,
     /// `peak_over_floor`: the compiled peak over the floor (a memory failure).
     PeakOverFloor,
-    /// `drift_over_bound`: a trajectory's worst drift over its bound (a trajectory failure).
+    /// `drift_over_bound`: a trajectory's worst drift over the bound of its required
+    /// precision class's loop (a trajectory failure).
     DriftOverBound,
     /// `undeclared_matmuls`: f32 matmuls the platform computes below f32 that the
     /// implementation did not declare (a precision failure).

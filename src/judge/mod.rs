@@ -125,7 +125,7 @@ pub fn reasons(out: &TrialOutcome) -> Vec<Reason> {
     {
         r.push(Reason::Cost);
     }
-    if out.trajectory.as_ref().is_some_and(|t| !t.judgement.passed) {
+    if out.trajectory.as_ref().is_some_and(|t| !t.passed()) {
         r.push(Reason::Trajectory);
     }
     r

@@ -4,12 +4,29 @@ use crate::partition::{Assigned, Partition};
 
 /// Writes shard `index`/`count` of plan `plan` to `dir/<file>`: its stamp assigning
 /// `assigned`, and a record line for each of `recorded`.
-fn shard(dir: &Path, file: &str, index: usize, count: usize, plan: &str, assigned: &[&str], recorded: &[&str]) -> PathBuf {
+fn shard(
+    dir: &Path,
+    file: &str,
+    index: usize,
+    count: usize,
+    plan: &str,
+    assigned: &[&str],
+    recorded: &[&str],
+) -> PathBuf {
     shard_of_run(dir, file, index, count, plan, assigned, recorded, None)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn shard_of_run(dir: &Path, file: &str, index: usize, count: usize, plan: &str, assigned: &[&str], recorded: &[&str], run_id: Option<&str>) -> PathBuf {
+fn shard_of_run(
+    dir: &Path,
+    file: &str,
+    index: usize,
+    count: usize,
+    plan: &str,
+    assigned: &[&str],
+    recorded: &[&str],
+    run_id: Option<&str>,
+) -> PathBuf {
     let path = dir.join(file);
     let stamp = ShardStamp {
         plan_digest: plan.into(),
@@ -59,7 +76,12 @@ fn complete_shards_merge_into_one_run_without_their_stamps() {
     let a = shard(d.path(), "1.jsonl", 1, 2, "p", &["a", "b"], &["a", "b"]);
     let b = shard(d.path(), "2.jsonl", 2, 2, "p", &["c"], &["c"]);
     let out = d.path().join("all.jsonl");
-    let m = merge(&out, &shard_files(&[d.path().to_path_buf()]).unwrap(), false).unwrap();
+    let m = merge(
+        &out,
+        &shard_files(&[d.path().to_path_buf()]).unwrap(),
+        false,
+    )
+    .unwrap();
     assert_eq!((m.shards, m.lines), (2, 3));
     let back = crate::records::read(&out).unwrap();
     let names: Vec<&str> = back.outcomes.iter().map(|o| o.name.as_str()).collect();
@@ -78,11 +100,16 @@ fn each_bad_input_is_refused_in_one_line_naming_the_file_and_field() {
     let two = shard(p, "2.jsonl", 2, 2, "p", &["b"], &["b"]);
     // No stamp.
     std::fs::write(p.join("bare.jsonl"), "").unwrap();
-    assert!(refused(&out, &[one.clone(), p.join("bare.jsonl")]).contains("no shard stamp beside it"));
+    assert!(
+        refused(&out, &[one.clone(), p.join("bare.jsonl")]).contains("no shard stamp beside it")
+    );
     // Another plan.
     let other = shard(p, "o.jsonl", 2, 2, "q", &["b"], &["b"]);
     let e = refused(&out, &[one.clone(), other]);
-    assert!(e.contains("o.jsonl") && e.contains("field `plan_digest`"), "{e}");
+    assert!(
+        e.contains("o.jsonl") && e.contains("field `plan_digest`"),
+        "{e}"
+    );
     // Another count.
     let three = shard(p, "t.jsonl", 2, 3, "p", &["b"], &["b"]);
     assert!(refused(&out, &[one.clone(), three]).contains("field `partition`"));
@@ -96,7 +123,10 @@ fn each_bad_input_is_refused_in_one_line_naming_the_file_and_field() {
     assert!(e.contains("trial `a` is in shard 2/2 and in"), "{e}");
     let stray = shard(p, "stray.jsonl", 2, 2, "p", &["b"], &["b", "z"]);
     let e = refused(&out, &[one.clone(), stray]);
-    assert!(e.contains("stray.jsonl:2") && e.contains("trial `z` is not assigned to shard 2/2"), "{e}");
+    assert!(
+        e.contains("stray.jsonl:2") && e.contains("trial `z` is not assigned to shard 2/2"),
+        "{e}"
+    );
     // A line of another shard pasted in (its `shard` field disagrees with the stamp).
     let mut text = std::fs::read_to_string(&two).unwrap();
     text.push_str(&std::fs::read_to_string(&one).unwrap());
@@ -117,16 +147,27 @@ fn an_assigned_trial_without_a_record_is_refused_or_an_error_line() {
     let two = shard(p, "2.jsonl", 2, 2, "p", &["c"], &["c"]);
     let out = p.join("out.jsonl");
     let e = refused(&out, &[one.clone(), two.clone()]);
-    assert!(e.contains("1 assigned trial has no record (first: b (1/2))"), "{e}");
+    assert!(
+        e.contains("1 assigned trial has no record (first: b (1/2))"),
+        "{e}"
+    );
     let m = merge(&out, &[one, two], true).unwrap();
     assert_eq!(m.missing.len(), 1);
     let back = crate::records::read(&out).unwrap();
     let b = back.outcomes.iter().find(|o| o.name == "b").unwrap();
-    assert!(matches!(&b.verdict, Verdict::Error(m) if m.contains("shard 1/2 left no record")), "{:?}", b.verdict);
+    assert!(
+        matches!(&b.verdict, Verdict::Error(m) if m.contains("shard 1/2 left no record")),
+        "{:?}",
+        b.verdict
+    );
     // It carries the run's identity, so --resume of the merged file accepts it.
     let ids = crate::run_identity::read(&out).unwrap();
-    assert!(ids.iter().all(|(_, r)| r.config_digest.as_deref() == Some("xxh3:c")));
-    assert!(ids.iter().all(|(_, r)| r.code_digest.as_deref() == Some("xxh3:k")));
+    assert!(ids
+        .iter()
+        .all(|(_, r)| r.config_digest.as_deref() == Some("xxh3:c")));
+    assert!(ids
+        .iter()
+        .all(|(_, r)| r.code_digest.as_deref() == Some("xxh3:k")));
 }
 
 /// Record lines of an unsplit run, one file (a cargo-nextest process's), no stamp.
@@ -168,7 +209,9 @@ fn a_nextest_runs_pieces_merge_into_one_run_keeping_a_retried_trials_last_record
     assert_eq!(x.verdict, Verdict::Pass, "the retry's record wins");
     // A piece of another run (another configuration) is refused.
     piece(&run, "d.jsonl", "xxh3:other", &[("z", 30, "pass")]);
-    let e = merge(&out, &shard_files(&[run]).unwrap(), false).unwrap_err().to_string();
+    let e = merge(&out, &shard_files(&[run]).unwrap(), false)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("d.jsonl:1: field `config_digest`"), "{e}");
 }
 
@@ -180,7 +223,12 @@ fn the_pieces_of_one_shard_from_one_nextest_run_are_one_shard() {
     let b = shard_of_run(p, "1b.jsonl", 1, 2, "p", &["a", "b"], &["b"], Some("run-1"));
     let c = shard_of_run(p, "2.jsonl", 2, 2, "p", &["c"], &["c"], Some("run-1"));
     let out = p.join("out.jsonl");
-    assert_eq!(merge(&out, &[a.clone(), b, c.clone()], false).unwrap().lines, 3);
+    assert_eq!(
+        merge(&out, &[a.clone(), b, c.clone()], false)
+            .unwrap()
+            .lines,
+        3
+    );
     // Another run's piece of shard 1 is a shard given twice.
     let other = shard_of_run(p, "1x.jsonl", 1, 2, "p", &["a", "b"], &["b"], Some("run-2"));
     assert!(refused(&out, &[a, other, c]).contains("a shard given twice"));

@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 #[test]
 fn a_partition_is_i_of_n_one_based() {
-    assert_eq!("2/8".parse::<Partition>(), Ok(Partition { index: 2, count: 8 }));
+    assert_eq!(
+        "2/8".parse::<Partition>(),
+        Ok(Partition { index: 2, count: 8 })
+    );
     assert_eq!("1/1".parse::<Partition>().unwrap().to_string(), "1/1");
     for bad in ["0/8", "9/8", "8", "a/b", "1/0", "", "1/2/3"] {
         let e = bad.parse::<Partition>().unwrap_err();
@@ -59,7 +62,9 @@ fn every_trial_is_in_one_shard_with_its_case_and_the_split_is_deterministic() {
         let s = *by_unit.entry(unit_of(t)).or_insert(shards[0]);
         assert_eq!(s, shards[0], "{} split from its unit", t.name);
     }
-    assert!(trials.iter().any(|t| t.name.contains("/d4-") && a.keeps(t, a.shard_of[&unit_of(t)])));
+    assert!(trials
+        .iter()
+        .any(|t| t.name.contains("/d4-") && a.keeps(t, a.shard_of[&unit_of(t)])));
     // Balanced: longest first to the least loaded shard.
     let mean = a.loads.iter().sum::<f64>() / 4.0;
     let most = a.loads.iter().cloned().fold(0.0, f64::max);
@@ -84,7 +89,9 @@ fn measured_weights_decide_the_split() {
     };
     let m = Assignment::of(&trials, 2, Some(&w));
     let s = m.shard_of[&heavy];
-    assert!(trials.iter().all(|t| (unit_of(t) == heavy) == m.keeps(t, s)));
+    assert!(trials
+        .iter()
+        .all(|t| (unit_of(t) == heavy) == m.keeps(t, s)));
     assert_ne!(est.loads, m.loads);
 }
 
@@ -107,6 +114,8 @@ fn a_shard_stamp_is_written_beside_its_records_and_read_back() {
     };
     st.write(&rec).unwrap();
     assert_eq!(ShardStamp::read(&rec).unwrap(), st);
-    let e = ShardStamp::read(&d.path().join("other.jsonl")).unwrap_err().to_string();
+    let e = ShardStamp::read(&d.path().join("other.jsonl"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("no shard stamp beside it"), "{e}");
 }

@@ -193,7 +193,21 @@ fn loss_svg(title: &str, series: &Series) -> Option<String> {
 }
 
 /// The trajectory section's heading and what it shows.
-const HEAD: &str = "<h2>Trajectories</h2><p>N GRPO steps with each implementation against the exact (f64) trajectory; the gate: drift within k × the plain-f32 reference's running maximum at every step (docs/trajectory.md).</p>";
+const HEAD: &str = "<h2>Trajectories</h2><p>N GRPO steps with each implementation against the exact (f64) trajectory; the gate: drift within k × an honest loop's running maximum at every step, judged against the plain-f32 loop and each precision class's; a trial reaches the strictest class whose gate it passes and must reach the one it requires (docs/trajectory.md, docs/spec.md \"Precision classes\").</p>";
+
+/// `bf16 (bf16)`: the class a trial reached and the one it requires; `-` for a record
+/// without classes.
+fn class_cell(o: &TrialOutcome) -> String {
+    match o
+        .trajectory
+        .as_ref()
+        .and_then(|t| t.required_class.map(|r| (t.class, r)))
+    {
+        Some((Some(c), r)) => format!("{c} ({r})"),
+        Some((None, r)) => format!("below bf16 ({r})"),
+        None => "-".into(),
+    }
+}
 
 /// The HTML section (None without trajectory records): per trajectory, the two plots and
 /// a table of its trials' verdicts.
@@ -202,7 +216,7 @@ pub fn section(trials: &[&TrialOutcome]) -> Option<String> {
         let short = key.rsplit('/').next().unwrap_or(key);
         let _ = std::fmt::Write::write_fmt(
             html,
-            format_args!("<h3><code>{}</code></h3><div>{}{}</div><table><tr><th>trial</th><th>verdict</th><th>detail</th></tr>",
+            format_args!("<h3><code>{}</code></h3><div>{}{}</div><table><tr><th>trial</th><th>verdict</th><th>class (required)</th><th>detail</th></tr>",
             crate::report::esc_html(key),
             drift_svg(&format!("parameter drift, {short}"), series).unwrap_or_default(),
             loss_svg(&format!("loss, {short}"), series).unwrap_or_default()),
@@ -211,9 +225,10 @@ pub fn section(trials: &[&TrialOutcome]) -> Option<String> {
             let _ = std::fmt::Write::write_fmt(
                 html,
                 format_args!(
-                    "<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+                    "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>",
                     crate::report::esc_html(&label(o)),
                     crate::report::esc_html(&o.verdict.label()),
+                    crate::report::esc_html(&class_cell(o)),
                     crate::report::esc_html(&o.failure_text())
                 ),
             );
@@ -258,6 +273,11 @@ mod tests {
             via: "fused".into(),
             points,
             judgement,
+            classes: Vec::new(),
+            class: None,
+            required_class: None,
+            sign_agreement: None,
+            expected_class: None,
         }
     }
 

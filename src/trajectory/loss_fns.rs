@@ -8,6 +8,7 @@ use crate::backends::{Backend, NaiveF32, RunOptions};
 use crate::cases::Case;
 use crate::inputs::Inputs;
 use crate::outputs::Outputs;
+use crate::precision_class::PrecisionClass;
 use crate::spec::{DType, Level, OutputName};
 use anyhow::{anyhow, Context, Result};
 use rayon::prelude::*;
@@ -30,6 +31,12 @@ pub struct Eval {
 pub trait LossFn: Send {
     /// Loss, logp and dlm_head of `case` on `inputs` (fused level: hidden and lm_head set).
     fn eval(&mut self, case: &Case, inputs: &Inputs) -> Result<Eval>;
+
+    /// The precision manifest of the module it runs, once it has run (exported
+    /// implementations); None for host loops.
+    fn precision(&self) -> Option<crate::precision::PrecisionReport> {
+        None
+    }
 }
 
 fn output(o: &Outputs, name: OutputName) -> Result<&[f32]> {
@@ -53,6 +60,8 @@ pub struct BackendFused {
     pub backend: Arc<dyn Backend>,
     /// Implementation name.
     pub implementation: String,
+    /// The module's precision manifest, from its first run.
+    pub precision: Option<crate::precision::PrecisionReport>,
 }
 
 impl LossFn for BackendFused {
@@ -60,11 +69,18 @@ impl LossFn for BackendFused {
         let r = self
             .backend
             .run(&self.implementation, case, inputs, &ONCE)?;
+        if self.precision.is_none() {
+            self.precision = r.precision.clone();
+        }
         eval_of(
             r.outputs
                 .as_ref()
                 .context("the backend returned no outputs")?,
         )
+    }
+
+    fn precision(&self) -> Option<crate::precision::PrecisionReport> {
+        self.precision.clone()
     }
 }
 
@@ -88,12 +104,41 @@ pub enum LogitsFn {
 }
 
 /// The host's f32 fused level around a logits-level function; `bias` multiplies the
-/// returned LM-head gradient by 1 + bias (the should-fail variant; 0 otherwise).
+/// returned LM-head gradient by 1 + bias (the should-fail variant; 0 otherwise); `class`
+/// rounds the operands of the two gradient products (dz and hidden, dz and lm_head) as
+/// that precision class feeds them (`f32`: not at all).
 pub struct HostLogits {
     /// The logits-level function.
     pub via: LogitsFn,
     /// Relative bias of dlm_head.
     pub bias: f32,
+    /// How the gradient products' operands are rounded.
+    pub class: Rounding,
+}
+
+/// How a [`HostLogits`] rounds the operands of its gradient products.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rounding {
+    /// As a precision class feeds them.
+    Class(PrecisionClass),
+    /// To `bits` significant bits, with the exponent range of f32 (the tests' 8-bit
+    /// floats: e4m3 keeps 4 bits); below every class.
+    Bits(u32),
+}
+
+impl Rounding {
+    /// `x` rounded.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Rounding::Class(c) => c.round(x),
+            Rounding::Bits(b) => crate::precision_class::round_bits(x, b),
+        }
+    }
+
+    /// Whether it keeps every bit.
+    fn exact(self) -> bool {
+        self == Rounding::Class(PrecisionClass::F32)
+    }
 }
 
 /// The logits-level case a [`HostLogits`] evaluates for fused `case`: same B, T, V, knobs
@@ -167,8 +212,26 @@ impl HostLogits {
             .context("the logits-level function returned no `dlogits`")?
             .data;
         let dt = case.dtype;
-        let dhidden = matmul(&dz, &transpose(&inputs.lm_head, h, v), rows, v, h);
-        let mut dlm = matmul(&transpose(&inputs.hidden, rows, h), &dz, h, rows, v);
+        let rounded = |x: &[f32]| -> Vec<f32> {
+            let c = self.class;
+            x.par_iter().map(|&y| c.round(y)).collect()
+        };
+        use std::borrow::Cow;
+        let (dz, hidden, lm_head): (Vec<f32>, Cow<[f32]>, Cow<[f32]>) = if self.class.exact() {
+            (
+                dz,
+                Cow::Borrowed(&inputs.hidden),
+                Cow::Borrowed(&inputs.lm_head),
+            )
+        } else {
+            (
+                rounded(&dz),
+                Cow::Owned(rounded(&inputs.hidden)),
+                Cow::Owned(rounded(&inputs.lm_head)),
+            )
+        };
+        let dhidden = matmul(&dz, &transpose(&lm_head, h, v), rows, v, h);
+        let mut dlm = matmul(&transpose(&hidden, rows, h), &dz, h, rows, v);
         let k = 1.0 + self.bias;
         dlm.par_iter_mut().for_each(|x| *x = dt.round(*x * k));
         out.insert(

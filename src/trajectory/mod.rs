@@ -10,7 +10,9 @@
 //! - [`loss_fns`]: an implementation through its backend, or the host's f32 product
 //!   around a logits-level function (the plain-f32 reference, logits-level kernels).
 //! - [`run`]: the three loops in lockstep and the per-step series.
-//! - [`verdict`]: the gate (drift within k× the plain-f32 envelope).
+//! - [`verdict`]: the gate (drift within k× an honest loop's envelope), judged against
+//!   the plain-f32 reference and each precision class's loop: the class a trial reaches
+//!   is the strictest whose gate passes ([`crate::precision_class`]).
 
 pub mod exact;
 pub mod loss_fns;
@@ -21,11 +23,12 @@ pub mod run;
 pub mod verdict;
 
 pub use crate::cases::trajectory::{Optimizer, TrajectorySpec};
-pub use loss_fns::{BackendFused, HostLogits, LogitsFn, LossFn};
+pub use loss_fns::{BackendFused, HostLogits, LogitsFn, LossFn, Rounding};
 pub use problem::Problem;
 pub use run::StepPoint;
 pub use verdict::Judgement;
 
+use crate::precision_class::PrecisionClass;
 use serde::{Deserialize, Serialize};
 
 /// Relative bias of the should-fail variant's dlm_head: half the f32 per-call gradient
@@ -45,31 +48,175 @@ pub struct TrajectoryRecord {
     pub via: String,
     /// Per step.
     pub points: Vec<StepPoint>,
-    /// The gate.
+    /// The gate against the plain-f32 reference (the `f32` class).
     pub judgement: Judgement,
+    /// The gate against each precision class's honest loop, the strictest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<ClassVerdict>,
+    /// The class the implementation reached: the strictest whose gate passes (none when
+    /// not even `bf16`'s does).
+    #[serde(default)]
+    pub class: Option<PrecisionClass>,
+    /// The class the configuration requires of this trial.
+    #[serde(default)]
+    pub required_class: Option<PrecisionClass>,
+    /// The implementation's step-1 dlm_head sign agreement with the exact gradient.
+    #[serde(default)]
+    pub sign_agreement: Option<f64>,
+    /// The class its module's precision manifest implies (exported implementations:
+    /// [`crate::precision::PrecisionReport::expected_class`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_class: Option<PrecisionClass>,
 }
 
-/// Runs one trajectory and judges it.
+/// The gate against one precision class's honest loop.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClassVerdict {
+    /// The class.
+    pub class: PrecisionClass,
+    /// The gate (k and floor as for the plain-f32 reference).
+    pub judgement: Judgement,
+    /// The honest loop's step-1 dlm_head sign agreement with the exact gradient.
+    #[serde(deserialize_with = "crate::gates::nan_if_null")]
+    pub sign_agreement: f64,
+    /// The loop's drift and flips per step (empty for `f32`, whose loop is the plain-f32
+    /// reference of `points`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<run::ClassStep>,
+}
+
+impl TrajectoryRecord {
+    /// Whether the trial passes: the class reached is at least the one required (a record
+    /// without classes: the plain-f32 gate).
+    pub fn passed(&self) -> bool {
+        match self.required_class {
+            Some(r) => self.class.is_some_and(|c| c >= r),
+            None => self.judgement.passed,
+        }
+    }
+
+    /// The gate against the required class's loop (the plain-f32 one without classes).
+    pub fn required_judgement(&self) -> &Judgement {
+        self.required_class
+            .and_then(|r| self.classes.iter().find(|c| c.class == r))
+            .map_or(&self.judgement, |c| &c.judgement)
+    }
+
+    /// The class's gate ratio: the worst drift / bound over the judged steps.
+    pub fn worst_ratio(&self, j: &Judgement) -> f64 {
+        self.points
+            .iter()
+            .zip(&j.bounds)
+            .take(j.judged_steps)
+            .map(|(p, b)| p.drift_implementation / b)
+            .fold(0.0, |a: f64, r| {
+                if a.is_nan() || r.is_nan() {
+                    f64::NAN
+                } else {
+                    a.max(r)
+                }
+            })
+    }
+
+    /// One line: the class reached against the one required, each class's worst ratio,
+    /// then the required class's gate line (its failure, or how close it came).
+    pub fn summary(&self) -> String {
+        let Some(required) = self.required_class else {
+            return self.judgement.message.clone();
+        };
+        let per_class = self
+            .classes
+            .iter()
+            .map(|c| format!("{} {:.3}", c.class, self.worst_ratio(&c.judgement)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let head = match self.class {
+            Some(c) if c >= required => format!("class {c} (requires {required})"),
+            Some(c) => format!("class {c}, below the required {required}"),
+            None => format!("below every class (requires {required})"),
+        };
+        // A trajectory that reaches less than the dots imply: the kernel rounds where its
+        // manifest does not show it (the other way, the trajectory could not tell).
+        let manifest = match (self.expected_class, self.class) {
+            (Some(e), c) if c.is_none_or(|c| c < e) => format!(
+                "; below the {e} its precision manifest implies (the kernel rounds outside its dots)"
+            ),
+            _ => String::new(),
+        };
+        format!(
+            "{head}{manifest}; drift/bound per class: {per_class}; against the {required} loop: {}",
+            self.required_judgement().message
+        )
+    }
+}
+
+/// The classes with an honest loop of their own besides the plain-f32 reference.
+const CLASS_LOOPS: [PrecisionClass; 3] = [
+    PrecisionClass::Bf16x3,
+    PrecisionClass::Tf32,
+    PrecisionClass::Bf16,
+];
+
+/// Runs one trajectory and judges it against every class's honest loop; the trial must
+/// reach `required`.
 pub fn execute(
     case: &crate::cases::Case,
     spec: &TrajectorySpec,
     implementation: &mut dyn LossFn,
     via: &str,
+    required: PrecisionClass,
     progress: impl FnMut(usize),
 ) -> anyhow::Result<TrajectoryRecord> {
     let problem = Problem::new(case, spec);
-    let mut reference = HostLogits {
+    let honest = |class| HostLogits {
         via: LogitsFn::Naive,
         bias: 0.0,
+        class: Rounding::Class(class),
     };
-    let points = run::run(&problem, spec, &mut reference, implementation, progress)?;
-    let judgement = verdict::judge(&points, verdict::k(case.dtype), spec.steps);
+    let mut reference = honest(PrecisionClass::F32);
+    let mut loops: Vec<HostLogits> = CLASS_LOOPS.iter().map(|&c| honest(c)).collect();
+    let mut refs: Vec<(PrecisionClass, &mut dyn LossFn)> = CLASS_LOOPS
+        .iter()
+        .copied()
+        .zip(loops.iter_mut().map(|l| l as &mut dyn LossFn))
+        .collect();
+    let series = run::run(
+        &problem,
+        spec,
+        &mut reference,
+        &mut refs,
+        implementation,
+        progress,
+    )?;
+    let k = verdict::k(case.dtype);
+    let judgement = verdict::judge(&series.points, k, spec.steps);
+    let mut classes = vec![ClassVerdict {
+        class: PrecisionClass::F32,
+        judgement: judgement.clone(),
+        sign_agreement: series.sign_agreement.0,
+        steps: Vec::new(),
+    }];
+    for cs in &series.classes {
+        let name = format!("{}-class", cs.class);
+        classes.push(ClassVerdict {
+            class: cs.class,
+            judgement: verdict::judge_against(&cs.as_points(&series.points), k, spec.steps, &name),
+            sign_agreement: cs.sign_agreement,
+            steps: cs.steps.clone(),
+        });
+    }
+    let class = classes.iter().find(|c| c.judgement.passed).map(|c| c.class);
     Ok(TrajectoryRecord {
         label: spec.label(),
         spec: spec.clone(),
         via: via.into(),
-        points,
+        points: series.points,
         judgement,
+        classes,
+        class,
+        required_class: Some(required),
+        sign_agreement: Some(series.sign_agreement.1),
+        expected_class: None,
     })
 }
 

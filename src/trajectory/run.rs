@@ -8,8 +8,10 @@ pub use super::point::StepPoint;
 use super::problem::Problem;
 use crate::cases::trajectory::TrajectorySpec;
 use crate::inputs::Inputs;
+use crate::precision_class::PrecisionClass;
 use anyhow::{Context, Result};
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 
 /// ‖a − b‖ / ‖b‖ in f64.
 pub fn drift(a: &[f32], b: &[f64]) -> f64 {
@@ -93,16 +95,83 @@ impl F32Loop<'_> {
     }
 }
 
-/// Runs `spec` on `problem`: the exact loop, the plain-f32 `reference` and the
-/// `implementation`, step by step; `progress(step)` after each step. Stops at the first
-/// step whose implementation values are not finite (that point is the last one returned).
+/// One step of a precision class's honest loop, against the implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ClassStep {
+    /// ‖θ_class − θ_f64‖ / ‖θ_f64‖ after the step.
+    #[serde(deserialize_with = "crate::gates::nan_if_null")]
+    pub drift: f64,
+    /// Unmasked tokens the implementation clipped the other way than this loop.
+    pub branch_flips: usize,
+    /// Of those, the ones with a clip edge between the two loops' log-ratios.
+    pub ambiguous_flips: usize,
+}
+
+/// A precision class's honest loop over a trajectory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassSeries {
+    /// The class.
+    pub class: PrecisionClass,
+    /// Per step.
+    pub steps: Vec<ClassStep>,
+    /// Fraction of the dlm_head elements whose sign at step 1 agrees with the exact
+    /// gradient's (elements where the exact gradient is 0 not counted).
+    #[serde(deserialize_with = "crate::gates::nan_if_null")]
+    pub sign_agreement: f64,
+}
+
+impl ClassSeries {
+    /// `points` with this loop in place of the plain-f32 reference (drift and flips), for
+    /// the gate.
+    pub fn as_points(&self, points: &[StepPoint]) -> Vec<StepPoint> {
+        points
+            .iter()
+            .zip(&self.steps)
+            .map(|(p, c)| StepPoint {
+                drift_reference: c.drift,
+                branch_flips: c.branch_flips,
+                ambiguous_flips: c.ambiguous_flips,
+                ..*p
+            })
+            .collect()
+    }
+}
+
+/// What the loops of a trajectory recorded.
+#[derive(Debug, Clone)]
+pub struct Series {
+    /// Per step, the exact loop, the plain-f32 reference and the implementation.
+    pub points: Vec<StepPoint>,
+    /// Each extra precision class's honest loop (in the order given to [`run`]).
+    pub classes: Vec<ClassSeries>,
+    /// Step 1's dlm_head sign agreement with the exact gradient: the plain-f32
+    /// reference's and the implementation's.
+    pub sign_agreement: (f64, f64),
+}
+
+/// Fraction of `g`'s elements whose sign agrees with `exact`'s (exact zeros skipped).
+fn sign_agreement(g: &[f32], exact: &[f64]) -> f64 {
+    let (agree, n) = g
+        .par_iter()
+        .zip(exact)
+        .filter(|(_, &e)| e != 0.0)
+        .map(|(&x, &e)| (usize::from((x > 0.0) == (e > 0.0) && x != 0.0), 1usize))
+        .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    agree as f64 / n as f64
+}
+
+/// Runs `spec` on `problem`: the exact loop, the plain-f32 `reference`, the honest loop of
+/// each precision class in `classes` and the `implementation`, step by step;
+/// `progress(step)` after each step. Stops at the first step whose implementation values
+/// are not finite (that point is the last one returned).
 pub fn run(
     problem: &Problem,
     spec: &TrajectorySpec,
     reference: &mut dyn LossFn,
+    classes: &mut [(PrecisionClass, &mut dyn LossFn)],
     implementation: &mut dyn LossFn,
     mut progress: impl FnMut(usize),
-) -> Result<Vec<StepPoint>> {
+) -> Result<Series> {
     let n = problem.theta0.len();
     let mut theta_e: Vec<f64> = problem.theta0.iter().map(|&x| x as f64).collect();
     let mut opt_e = OptimizerState::<f64>::new(spec.optimizer, spec.lr, n);
@@ -118,6 +187,25 @@ pub fn run(
         loss: implementation,
         old: Vec::new(),
     };
+    let names: Vec<PrecisionClass> = classes.iter().map(|c| c.0).collect();
+    let mut class_loops: Vec<F32Loop> = classes
+        .iter_mut()
+        .map(|(_, loss)| F32Loop {
+            theta: problem.theta0.clone(),
+            opt: OptimizerState::new(spec.optimizer, spec.lr, n),
+            loss: &mut **loss,
+            old: Vec::new(),
+        })
+        .collect();
+    let mut class_series: Vec<ClassSeries> = names
+        .iter()
+        .map(|c| ClassSeries {
+            class: *c,
+            steps: Vec::with_capacity(spec.steps),
+            sign_agreement: f64::NAN,
+        })
+        .collect();
+    let mut agreement = (f64::NAN, f64::NAN);
     let norm0 = norm(&theta_e);
     let mut points = Vec::with_capacity(spec.steps);
     let mut round = 0;
@@ -131,6 +219,10 @@ pub fn run(
             .map(|&x| x as f32)
             .collect();
         r.rollout(problem, &data).context("plain-f32 reference")?;
+        for (c, l) in names.iter().zip(&mut class_loops) {
+            l.rollout(problem, &data)
+                .with_context(|| format!("the {c} class's reference"))?;
+        }
         i.rollout(problem, &data)?;
         for _ in 0..spec.num_iterations {
             if points.len() == spec.steps {
@@ -141,7 +233,32 @@ pub fn run(
             let e = exact::eval(&problem.case, &d, &theta_e);
             opt_e.step(&mut theta_e, &e.grad);
             let er = r.step(problem, &data).context("plain-f32 reference")?;
+            let mut ecs = Vec::with_capacity(class_loops.len());
+            for (c, l) in names.iter().zip(&mut class_loops) {
+                ecs.push(
+                    l.step(problem, &data)
+                        .with_context(|| format!("the {c} class's reference"))?,
+                );
+            }
             let ei = i.step(problem, &data)?;
+            for ((series, l), ec) in class_series.iter_mut().zip(&class_loops).zip(&ecs) {
+                let (branch_flips, ambiguous_flips) =
+                    flips(problem, &data, (&l.old, ec), (&i.old, &ei));
+                series.steps.push(ClassStep {
+                    drift: drift(&l.theta, &theta_e),
+                    branch_flips,
+                    ambiguous_flips,
+                });
+                if points.is_empty() {
+                    series.sign_agreement = sign_agreement(&ec.dlm_head, &e.grad);
+                }
+            }
+            if points.is_empty() {
+                agreement = (
+                    sign_agreement(&er.dlm_head, &e.grad),
+                    sign_agreement(&ei.dlm_head, &e.grad),
+                );
+            }
             let (branch_flips, ambiguous_flips) =
                 flips(problem, &data, (&r.old, &er), (&i.old, &ei));
             let p = StepPoint {
@@ -167,10 +284,19 @@ pub fn run(
             points.push(p);
             progress(p.step);
             if !(p.loss_implementation.is_finite() && p.drift_implementation.is_finite()) {
-                return Ok(points);
+                break;
             }
+        }
+        if points.last().is_some_and(|p| {
+            !(p.loss_implementation.is_finite() && p.drift_implementation.is_finite())
+        }) {
+            break;
         }
         round += 1;
     }
-    Ok(points)
+    Ok(Series {
+        points,
+        classes: class_series,
+        sign_agreement: agreement,
+    })
 }

@@ -18,16 +18,23 @@ fn spec_of(case: &Case, opt: Optimizer) -> TrajectorySpec {
 }
 
 fn honest() -> HostLogits {
-    HostLogits {
-        via: LogitsFn::Naive,
-        bias: 0.0,
-    }
+    rounded(Rounding::Class(PrecisionClass::F32))
 }
 
 fn biased() -> HostLogits {
     HostLogits {
         via: LogitsFn::Naive,
         bias: SHOULD_FAIL_BIAS,
+        class: Rounding::Class(PrecisionClass::F32),
+    }
+}
+
+/// The plain-f32 loop with its gradient products fed as `r` rounds them.
+fn rounded(r: Rounding) -> HostLogits {
+    HostLogits {
+        via: LogitsFn::Naive,
+        bias: 0.0,
+        class: r,
     }
 }
 
@@ -101,10 +108,32 @@ fn a_biased_dlm_head_passes_every_per_call_gate_and_fails_the_sgd_trajectory() {
     }
     let case = smoke_case("f32");
     let spec = spec_of(&case, Optimizer::Sgd);
-    let ok = execute(&case, &spec, &mut honest(), "host", |_| {}).unwrap();
+    let ok = execute(
+        &case,
+        &spec,
+        &mut honest(),
+        "host",
+        PrecisionClass::default_for(case.dtype),
+        |_| {},
+    )
+    .unwrap();
     assert!(ok.judgement.passed, "{}", ok.judgement.message);
-    let bad = execute(&case, &spec, &mut biased(), "host", |_| {}).unwrap();
+    let bad = execute(
+        &case,
+        &spec,
+        &mut biased(),
+        "host",
+        PrecisionClass::default_for(case.dtype),
+        |_| {},
+    )
+    .unwrap();
     assert!(!bad.judgement.passed, "{}", bad.judgement.message);
+    assert!(!bad.passed(), "{}", bad.summary());
+    assert!(
+        bad.class < Some(PrecisionClass::F32),
+        "the bias is below the f32 class: {}",
+        bad.summary()
+    );
     assert!(
         bad.judgement.message.contains("parameter drift"),
         "{}",
@@ -118,7 +147,15 @@ fn a_biased_dlm_head_passes_every_per_call_gate_and_fails_the_sgd_trajectory() {
 fn adam_does_not_see_a_relative_gradient_bias() {
     let case = smoke_case("f32");
     let spec = spec_of(&case, Optimizer::Adam);
-    let r = execute(&case, &spec, &mut biased(), "host", |_| {}).unwrap();
+    let r = execute(
+        &case,
+        &spec,
+        &mut biased(),
+        "host",
+        PrecisionClass::default_for(case.dtype),
+        |_| {},
+    )
+    .unwrap();
     assert!(r.judgement.passed, "{}", r.judgement.message);
 }
 
@@ -129,7 +166,15 @@ fn the_ci_problems_reach_the_clip_edges() {
     for dt in ["f32", "bf16"] {
         let case = smoke_case(dt);
         for spec in &case.trajectories {
-            let r = execute(&case, spec, &mut honest(), "host", |_| {}).unwrap();
+            let r = execute(
+                &case,
+                spec,
+                &mut honest(),
+                "host",
+                PrecisionClass::default_for(case.dtype),
+                |_| {},
+            )
+            .unwrap();
             let first: f64 = r.points.iter().step_by(2).map(|p| p.clipped_fraction).sum();
             let second: f64 = r
                 .points
@@ -217,15 +262,25 @@ fn measure_bias_against_problem_settings() {
                         group_size: 2,
                         init_std: init,
                     };
-                    let h = execute(&case, &spec, &mut honest(), "h", |_| {}).unwrap();
+                    let h = execute(
+                        &case,
+                        &spec,
+                        &mut honest(),
+                        "h",
+                        PrecisionClass::default_for(case.dtype),
+                        |_| {},
+                    )
+                    .unwrap();
                     let b = execute(
                         &case,
                         &spec,
                         &mut HostLogits {
                             via: LogitsFn::Naive,
                             bias,
+                            class: Rounding::Class(PrecisionClass::F32),
                         },
                         "h",
+                        PrecisionClass::default_for(case.dtype),
                         |_| {},
                     )
                     .unwrap();
@@ -282,8 +337,22 @@ fn trajectory_parameter_scan() {
         let mut s = base.clone();
         s.lr = lr;
         s.init_std = init;
-        let ok = execute(&case, &s, &mut honest(), "host", |_| {});
-        let bad = execute(&case, &s, &mut biased(), "host", |_| {});
+        let ok = execute(
+            &case,
+            &s,
+            &mut honest(),
+            "host",
+            PrecisionClass::default_for(case.dtype),
+            |_| {},
+        );
+        let bad = execute(
+            &case,
+            &s,
+            &mut biased(),
+            "host",
+            PrecisionClass::default_for(case.dtype),
+            |_| {},
+        );
         match (ok, bad) {
             (Ok(ok), Ok(bad)) => {
                 let travel = ok.points.last().map_or(0.0, |p| p.travelled);
@@ -335,4 +404,119 @@ fn a_diverged_step_is_written_and_read_back() {
     assert!(back.loss_implementation.is_nan() && back.drift_implementation.is_nan());
     assert_eq!(back.step, 13);
     assert_eq!(back.drift_reference, 2.8e-3);
+}
+
+/// Each class's honest loop is what that class's kernel computes, so a kernel that rounds
+/// dz as a class does reaches that class and no stricter one on the bf16 Adam trajectory
+/// (the sign-like steps that expose one bf16 term), and the requirement decides the
+/// verdict: bf16 inputs require `bf16` by default, an Adam-safe entry `bf16x3`.
+#[test]
+fn a_kernel_reaches_the_class_it_rounds_dz_to() {
+    let case = smoke_case("bf16");
+    let spec = spec_of(&case, Optimizer::Adam);
+    for (rounding, reached) in [
+        (PrecisionClass::F32, PrecisionClass::F32),
+        (PrecisionClass::Bf16x3, PrecisionClass::F32),
+        (PrecisionClass::Tf32, PrecisionClass::Tf32),
+        (PrecisionClass::Bf16, PrecisionClass::Bf16),
+    ] {
+        let r = execute(
+            &case,
+            &spec,
+            &mut rounded(Rounding::Class(rounding)),
+            "host",
+            PrecisionClass::Bf16,
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(r.class, Some(reached), "dz as {rounding}: {}", r.summary());
+        assert!(r.passed(), "{}", r.summary());
+        assert_eq!(r.classes.len(), 4);
+        assert!(r.sign_agreement.is_some_and(|a| a > 0.5 && a <= 1.0));
+    }
+    // One bf16 term under an Adam-safe requirement: a FAIL naming both classes.
+    let r = execute(
+        &case,
+        &spec,
+        &mut rounded(Rounding::Class(PrecisionClass::Bf16)),
+        "host",
+        PrecisionClass::Bf16x3,
+        |_| {},
+    )
+    .unwrap();
+    assert!(!r.passed());
+    let s = r.summary();
+    assert!(
+        s.starts_with("class bf16, below the required bf16x3; drift/bound per class: f32 ")
+            && s.contains("bf16 0."),
+        "{s}"
+    );
+    // The bf16 loop flips signs the exact gradient does not: its step-1 agreement is
+    // below the f32 loop's.
+    let agree = |c| {
+        r.classes
+            .iter()
+            .find(|x| x.class == c)
+            .unwrap()
+            .sign_agreement
+    };
+    assert!(
+        agree(PrecisionClass::Bf16) < agree(PrecisionClass::F32),
+        "{:?}",
+        r.classes
+    );
+}
+
+/// dz rounded to an 8-bit float (e4m3: 4 significant bits; e5m2: 3) is below every class:
+/// the trial fails even where bf16 inputs require only `bf16`.
+#[test]
+fn dz_in_an_8_bit_float_is_below_every_class() {
+    let case = smoke_case("bf16");
+    let spec = spec_of(&case, Optimizer::Adam);
+    for bits in [4, 3] {
+        let r = execute(
+            &case,
+            &spec,
+            &mut rounded(Rounding::Bits(bits)),
+            "host",
+            PrecisionClass::Bf16,
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(r.class, None, "{bits} bits: {}", r.summary());
+        assert!(!r.passed());
+        assert!(
+            r.summary().starts_with("below every class (requires bf16)"),
+            "{}",
+            r.summary()
+        );
+    }
+}
+
+/// A record with classes reads back with them, and one written before the classes (no
+/// `classes`, `class`, `required_class`) reads back judged by its plain-f32 gate.
+#[test]
+fn a_record_keeps_its_classes() {
+    let case = smoke_case("bf16");
+    let spec = spec_of(&case, Optimizer::Sgd);
+    let r = execute(
+        &case,
+        &spec,
+        &mut honest(),
+        "host",
+        PrecisionClass::Bf16,
+        |_| {},
+    )
+    .unwrap();
+    let text = serde_json::to_string(&r).unwrap();
+    let back: TrajectoryRecord = serde_json::from_str(&text).unwrap();
+    assert_eq!(back.class, r.class);
+    assert_eq!(back.required_class, Some(PrecisionClass::Bf16));
+    assert_eq!(back.classes.len(), 4);
+    let mut old: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for k in ["classes", "class", "required_class", "sign_agreement"] {
+        old.as_object_mut().unwrap().remove(k);
+    }
+    let old: TrajectoryRecord = serde_json::from_value(old).unwrap();
+    assert_eq!(old.passed(), old.judgement.passed);
 }

@@ -48,9 +48,16 @@ pub struct Judgement {
     pub message: String,
 }
 
-/// Judges `points` (steps in order) with `k`; `steps` is how many the trajectory asked
-/// for (a series that stopped early on a non-finite value fails).
+/// Judges `points` (steps in order) with `k` against the plain-f32 reference; `steps` is
+/// how many the trajectory asked for (a series that stopped early on a non-finite value
+/// fails).
 pub fn judge(points: &[StepPoint], k: f64, steps: usize) -> Judgement {
+    judge_against(points, k, steps, "plain-f32")
+}
+
+/// [`judge`] against the honest loop `name`d in the messages (`plain-f32`, `bf16-class`):
+/// the points' `drift_reference` and flips are that loop's.
+pub fn judge_against(points: &[StepPoint], k: f64, steps: usize, name: &str) -> Judgement {
     let mut env: f64 = 0.0;
     let mut bounds = Vec::with_capacity(points.len());
     let mut worst: Option<(f64, &StepPoint, f64)> = None;
@@ -76,7 +83,7 @@ pub fn judge(points: &[StepPoint], k: f64, steps: usize) -> Judgement {
     let last = judged.last();
     let parted_note = parted.map_or(String::new(), |p| {
         format!(
-            "; steps {}–{} not judged: at step {} {} token(s) took the other branch than the plain-f32 reference with a clip edge between the two loops' ratios (or within {} of them): either is right, the trajectories part there",
+            "; steps {}–{} not judged: at step {} {} token(s) took the other branch than the {name} reference with a clip edge between the two loops' ratios (or within {} of them): either is right, the trajectories part there",
             p.step,
             points.len(),
             p.step,
@@ -98,12 +105,12 @@ pub fn judge(points: &[StepPoint], k: f64, steps: usize) -> Judgement {
             )
         } else if p.branch_flips > 0 {
             format!(
-                "step {}: {} token(s) clipped the other way than the plain-f32 reference, with no clip edge between the two loops' ratios",
+                "step {}: {} token(s) clipped the other way than the {name} reference, with no clip edge between the two loops' ratios",
                 p.step, p.branch_flips
             )
         } else {
             format!(
-                "step {}: parameter drift ‖θ − θ_f64‖/‖θ_f64‖ {:.3e} > bound {:.3e} = k {k} × the plain-f32 reference's envelope {:.3e}",
+                "step {}: parameter drift ‖θ − θ_f64‖/‖θ_f64‖ {:.3e} > bound {:.3e} = k {k} × the {name} reference's envelope {:.3e}",
                 p.step,
                 p.drift_implementation,
                 bound,
@@ -117,7 +124,7 @@ pub fn judge(points: &[StepPoint], k: f64, steps: usize) -> Judgement {
         )
     } else if let (Some((ratio, p, bound)), Some(l)) = (worst, last) {
         format!(
-            "drift within k {k} × the plain-f32 envelope at {} {} steps (worst: step {}, {:.3e} ≤ {:.3e}, {:.2} of the bound); drift at step {} {:.3e} (reference {:.3e}), loss {:.6} (f64 {:.6}){parted_note}",
+            "drift within k {k} × the {name} envelope at {} {} steps (worst: step {}, {:.3e} ≤ {:.3e}, {:.2} of the bound); drift at step {} {:.3e} (reference {:.3e}), loss {:.6} (f64 {:.6}){parted_note}",
             if parted.is_some() { "the first" } else { "all" },
             judged.len(),
             p.step,

@@ -15,7 +15,9 @@
 
 mod config;
 
-pub use config::{Emulates, PjrtCpuConfig, PjrtDeviceConfig, PjrtGpuConfig, PjrtTpuConfig, TpuAotConfig};
+pub use config::{
+    Emulates, PjrtCpuConfig, PjrtDeviceConfig, PjrtGpuConfig, PjrtTpuConfig, TpuAotConfig,
+};
 
 #[cfg(feature = "pjrt")]
 pub mod exec;

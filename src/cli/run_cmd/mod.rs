@@ -83,7 +83,11 @@ pub fn run(
     args.check_impls(&plan, &config)?;
     plan.select(&args.selection());
     let split = match (args.partition, args.worker.is_some()) {
-        (Some(p), false) => Some(shard::split(&mut plan, p, args.partition_weights.as_deref())?),
+        (Some(p), false) => Some(shard::split(
+            &mut plan,
+            p,
+            args.partition_weights.as_deref(),
+        )?),
         _ => None,
     };
     let opts = args.run_options(&config);
@@ -100,7 +104,11 @@ pub fn run(
         return print_list(&plan, args.suite);
     }
     for u in &plan.unavailable {
-        let what = if u.broken { "error: backend" } else { "note: backend" };
+        let what = if u.broken {
+            "error: backend"
+        } else {
+            "note: backend"
+        };
         eprintln!("{what} {} unavailable: {}", u.name, u.reason);
     }
     let scale = grpo_conformance::gates::tiers::scale();

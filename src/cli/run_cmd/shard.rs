@@ -20,11 +20,18 @@ pub(super) fn split(plan: &mut Plan, p: Partition, weights: Option<&Path>) -> Re
 /// Writes the stamp of `split` beside the records `path`, after checking what is there:
 /// a file of another shard or plan, a shard's file resumed without `--partition`, and an
 /// unsplit run's records given to a shard are each refused in one line.
-pub(super) fn stamp(path: &Path, split: Option<Split>, suite: Suite, id: &RunIdentity) -> Result<()> {
+pub(super) fn stamp(
+    path: &Path,
+    split: Option<Split>,
+    suite: Suite,
+    id: &RunIdentity,
+) -> Result<()> {
     let had = ShardStamp::path_for(path).exists();
     let old = had.then(|| ShardStamp::read(path)).transpose()?;
     let new = split.map(|s| s.stamp(&id.config_digest, suite.name()));
-    let has_lines = std::fs::metadata(path).map(|m| m.len() > 0).unwrap_or(false);
+    let has_lines = std::fs::metadata(path)
+        .map(|m| m.len() > 0)
+        .unwrap_or(false);
     match (&old, &new) {
         (Some(o), Some(n)) if has_lines => {
             if let Some(d) = n.differs(o) {

@@ -48,6 +48,9 @@ pub(super) fn summarize(
     if scale != 1.0 {
         line.push_str(&format!("; TOLERANCES SCALED ×{scale}"));
     }
+    if let Some(classes) = class_counts(outcomes) {
+        line.push_str(&format!("; trajectories by precision class: {classes}"));
+    }
     println!("{line}; records: {}", path.display());
     let names = |broken: bool| {
         plan.unavailable
@@ -58,7 +61,10 @@ pub(super) fn summarize(
             .join(", ")
     };
     if plan.unavailable.iter().any(|u| !u.broken) {
-        println!("unavailable backends (their trials are ignored): {}", names(false));
+        println!(
+            "unavailable backends (their trials are ignored): {}",
+            names(false)
+        );
     }
     if plan.unavailable.iter().any(|u| u.broken) {
         println!(
@@ -116,21 +122,53 @@ pub fn roofline_cell(o: &TrialOutcome) -> String {
     }
 }
 
-/// A trajectory trial's cell: the worst drift over its bound, k, and the steps judged.
-fn trajectory_cell(t: &grpo_conformance::trajectory::TrajectoryRecord) -> String {
-    let worst = t
-        .points
+/// `f32 12, bf16x3 8, bf16 6`: the trajectory trials by the class they reached (the
+/// strictest first, `below bf16` for those that reached none), or None without any.
+pub(crate) fn class_counts(outcomes: &[TrialOutcome]) -> Option<String> {
+    use grpo_conformance::precision_class::PrecisionClass;
+    let reached: Vec<Option<PrecisionClass>> = outcomes
         .iter()
-        .zip(&t.judgement.bounds)
-        .map(|(p, b)| p.drift_implementation / b)
-        .fold(0.0, f64::max);
+        .filter_map(|o| o.trajectory.as_ref())
+        .filter(|t| t.required_class.is_some())
+        .map(|t| t.class)
+        .collect();
+    if reached.is_empty() {
+        return None;
+    }
+    let mut parts: Vec<String> = PrecisionClass::STRICT_FIRST
+        .into_iter()
+        .map(|c| (c, reached.iter().filter(|r| **r == Some(c)).count()))
+        .filter(|(_, n)| *n > 0)
+        .map(|(c, n)| format!("{c} {n}"))
+        .collect();
+    let below = reached.iter().filter(|r| r.is_none()).count();
+    if below > 0 {
+        parts.push(format!("below bf16 {below}"));
+    }
+    Some(parts.join(", "))
+}
+
+/// A trajectory trial's cell: the class reached (and the one required when it differs),
+/// the worst drift over the required class's bound, k, and the steps judged.
+fn trajectory_cell(t: &grpo_conformance::trajectory::TrajectoryRecord) -> String {
+    let j = t.required_judgement();
+    let worst = t.worst_ratio(j);
     let n = t.points.len();
-    let judged = if t.judgement.judged_steps < n {
-        format!(", {} of {n} steps judged", t.judgement.judged_steps)
+    let judged = if j.judged_steps < n {
+        format!(", {} of {n} steps judged", j.judged_steps)
     } else {
         String::new()
     };
-    format!("drift/bound {worst:.2} (k {}){judged}", t.judgement.k)
+    let class = match (t.class, t.required_class) {
+        (Some(c), Some(r)) if c == r => format!("class {c}, "),
+        (Some(c), Some(r)) => format!("class {c} (requires {r}), "),
+        (None, Some(r)) => format!("below every class (requires {r}), "),
+        _ => String::new(),
+    };
+    let against = t
+        .required_class
+        .map_or(String::new(), |r| format!(" of {r}"));
+    format!("{class}drift/bound{against} {worst:.2} (k {}){judged}", j.k)
 }
 
 /// Prints one aligned row per trial (those not applicable left out).

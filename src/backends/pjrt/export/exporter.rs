@@ -89,7 +89,10 @@ impl Exporter {
     /// The exporter for `platform` (`cpu` or `tpu`; on `cpu`, emulating `emulates`):
     /// `GRPO_PYTHON` or the venv's Python, `GRPO_ARTIFACTS` or `target/grpo-artifacts`.
     /// Errors say what is missing.
-    pub fn new(platform: &str, emulates: Option<crate::backends::pjrt::Emulates>) -> Result<Exporter> {
+    pub fn new(
+        platform: &str,
+        emulates: Option<crate::backends::pjrt::Emulates>,
+    ) -> Result<Exporter> {
         let python =
             crate::env::python()?.unwrap_or_else(|| crate::repo_root().join(".venv/bin/python"));
         if !python.exists() {
