@@ -520,3 +520,29 @@ fn a_record_keeps_its_classes() {
     let old: TrajectoryRecord = serde_json::from_value(old).unwrap();
     assert_eq!(old.passed(), old.judgement.passed);
 }
+
+/// A trajectory that reaches less than its module's precision manifest implies says so
+/// (the kernel rounds outside its dots, as tokamax's f32 dz into a DEFAULT dot); one that
+/// reaches more (SGD, which cannot tell) says nothing.
+#[test]
+fn a_class_below_the_manifests_is_reported_with_both() {
+    let case = smoke_case("bf16");
+    let spec = spec_of(&case, Optimizer::Adam);
+    let mut r = execute(
+        &case,
+        &spec,
+        &mut rounded(Rounding::Class(PrecisionClass::Bf16)),
+        "host",
+        PrecisionClass::Bf16,
+        |_| {},
+    )
+    .unwrap();
+    r.expected_class = Some(PrecisionClass::F32);
+    let s = r.summary();
+    assert!(
+        s.starts_with("class bf16 (requires bf16); below the f32 its precision manifest implies"),
+        "{s}"
+    );
+    r.expected_class = Some(PrecisionClass::Bf16);
+    assert!(!r.summary().contains("manifest"), "{}", r.summary());
+}
