@@ -102,6 +102,13 @@ fn work_of(case: &Case) -> f64 {
 const ORACLE_S: f64 = 1.7e-11;
 const EXEC_S: f64 = 6e-12;
 const TRIAL_S: f64 = 0.3;
+/// Seconds per multiply-add of one loop of a trajectory step on the host (the exact
+/// loop, the plain-f32 reference, each precision class's loop, the implementation's
+/// execution and its host products): a nightly V = 151936 bf16 trajectory's 173 s for
+/// 100 steps of six loops (docs/trajectory.md).
+const LOOP_S: f64 = 5.1e-10;
+/// The loops a trajectory trial runs in lockstep.
+const TRAJECTORY_LOOPS: f64 = 6.0;
 const COMPILE_S: f64 = 1.0;
 const SHOULD_FAIL_S: f64 = 2.0;
 
@@ -124,8 +131,9 @@ pub fn estimate(t: &Trial) -> f64 {
             let twin = if case.devices > 1 { 2.0 } else { 1.0 };
             TRIAL_S + twin * EXEC_S * work_of(case)
         }
+        // Each trial runs its own loops (nothing of them is shared).
         Work::Trajectory { case, spec, .. } => {
-            TRIAL_S + 2.0 * spec.steps as f64 * EXEC_S * work_of(case)
+            TRIAL_S + spec.steps as f64 * TRAJECTORY_LOOPS * LOOP_S * work_of(case)
         }
         Work::Golden(_) => 0.01,
         Work::ShouldFail(_) | Work::TrajectoryShouldFail => SHOULD_FAIL_S,
