@@ -353,21 +353,13 @@ fn fused_row<K: row::Keep>(
             row::forward_with(logits, y, inv_tau, DEFAULT_CHUNK, keep)
         }
     };
-    let (old, reference) = effective_old_ref(inputs, r, st.logp);
-    let t = token_terms(
-        &case.knobs,
-        TokenIn {
-            a: inputs.advantages[r / case.shape.t] as f64,
-            logp: st.logp,
-            log_r: st.logp - old,
-            old_logp: old,
-            ref_logp: reference,
-            mask: inputs.mask[r] as f64,
-            weight: weight[r],
-            scale_logp: st.lse.abs() + st.abs_max,
-            wsum: 0.0, // sequence level only
-            msum: 0.0,
-        },
+    let t = token_level_terms(
+        case,
+        inputs,
+        weight,
+        r,
+        &st,
+        effective_old_ref(inputs, r, st.logp),
     );
     (st, t)
 }
@@ -382,6 +374,33 @@ fn effective_old_ref(inputs: &Inputs, i: usize, logp: f64) -> (f64, f64) {
     } else {
         (inputs.old_logp[i] as f64, inputs.ref_logp[i] as f64)
     }
+}
+
+/// A token-level row's terms from its statistics and its effective old_logp and
+/// ref_logp ([`effective_old_ref`]'s, or the one-pass path's as it places them).
+fn token_level_terms(
+    case: &Case,
+    inputs: &Inputs,
+    weight: &[f64],
+    r: usize,
+    st: &row::RowStats,
+    (old, reference): (f64, f64),
+) -> TokenTerms {
+    token_terms(
+        &case.knobs,
+        TokenIn {
+            a: inputs.advantages[r / case.shape.t] as f64,
+            logp: st.logp,
+            log_r: st.logp - old,
+            old_logp: old,
+            ref_logp: reference,
+            mask: inputs.mask[r] as f64,
+            weight: weight[r],
+            scale_logp: st.lse.abs() + st.abs_max,
+            wsum: 0.0, // sequence level only
+            msum: 0.0,
+        },
+    )
 }
 
 impl Oracle {
@@ -429,33 +448,17 @@ impl Oracle {
         let old: Vec<AtomicU32> = (0..rows).map(|_| AtomicU32::new(0)).collect();
         let refp: Vec<AtomicU32> = (0..rows).map(|_| AtomicU32::new(0)).collect();
         let g_used: Vec<AtomicU64> = (0..rows).map(|_| AtomicU64::new(0)).collect();
-        let t_n = case.shape.t;
         let frozen: &Inputs = inputs;
         let g_of = |r: usize, st: &row::RowStats| -> f64 {
             let (o, rf) = place(r, st.logp);
             old[r].store(o.to_bits(), Ordering::Relaxed);
             refp[r].store(rf.to_bits(), Ordering::Relaxed);
-            let (eo, er) = if frozen.mask[r] == 0.0 {
+            let effective = if frozen.mask[r] == 0.0 {
                 (st.logp, st.logp)
             } else {
                 (o as f64, rf as f64)
             };
-            let g = token_terms(
-                &case.knobs,
-                TokenIn {
-                    a: frozen.advantages[r / t_n] as f64,
-                    logp: st.logp,
-                    log_r: st.logp - eo,
-                    old_logp: eo,
-                    ref_logp: er,
-                    mask: frozen.mask[r] as f64,
-                    weight: weight[r],
-                    scale_logp: 0.0,
-                    wsum: 0.0,
-                    msum: 0.0,
-                },
-            )
-            .g;
+            let g = token_level_terms(case, frozen, &weight, r, st, effective).g;
             g_used[r].store(g.to_bits(), Ordering::Relaxed);
             g
         };
