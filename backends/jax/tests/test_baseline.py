@@ -160,3 +160,32 @@ def test_beta_zero_does_not_read_ref_logp():
                  dict(inputs, ref_logp=np.full_like(inputs["ref_logp"], np.nan)))
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
+
+
+@pytest.mark.parametrize("dz_precision", ["x3", "x3_dlm_head"])
+@pytest.mark.parametrize("logits_dtype", ["f32", "input"])
+@pytest.mark.parametrize("name", ["grpo_token_beta", "grpo_sequence"])
+def test_fused_dz_in_three_terms_matches_oracle(name, logits_dtype, dz_precision):
+    """dz_precision "x3" (the bf16x3 precision class's baseline) computes SPEC's function:
+    its backward takes dz as three bf16 terms, which hold an f32 exactly."""
+    knobs = dict(KNOB_SETS[name], logits_dtype=logits_dtype)
+    problem = Problem("fused", B, T, V, H, "bf16")
+    inputs = make_inputs(problem, 1)
+    got = run_impl("jax_baseline", problem, Knobs.from_json(knobs), inputs,
+                   options={"dz_precision": dz_precision})
+    want = oracle(inputs, Knobs.from_json(knobs).to_json(), "fused")
+    assert compare(got, want, inputs["mask"], "bf16") == []
+    # On a CPU the default VJP's f32 x bf16 products are exact too: the same gradients
+    # to f32 summation order.
+    base = run_impl("jax_baseline", problem, Knobs.from_json(knobs), inputs)
+    for out in ("dhidden", "dlm_head"):
+        a, b = got[out].astype(np.float64), base[out].astype(np.float64)
+        assert np.max(np.abs(a - b)) <= 2 ** -7 * np.max(np.abs(b)), out
+
+
+def test_an_unknown_dz_precision_is_refused():
+    from grpo_jax.spec import RequestError
+    problem = Problem("fused", B, T, V, H, "bf16")
+    with pytest.raises(RequestError, match="dz_precision must be one of"):
+        run_impl("jax_baseline", problem, Knobs(), make_inputs(problem, 0),
+                 options={"dz_precision": "x2"})

@@ -4,6 +4,13 @@ logits -> f32 -> / temperature -> ``jax.nn.log_softmax`` -> gather chosen ids ->
 (``grpo_math``), differentiated by ``jax.value_and_grad`` w.r.t. the logits (logits level)
 or w.r.t. hidden and lm_head (fused level, logits = hidden @ lm_head accumulated in f32,
 optionally rounded to the input dtype when ``logits_dtype == "input"``).
+
+Option ``dz_precision`` (fused level, 16-bit inputs): ``"default"`` (jax's VJP: the f32
+cotangent dz meets the 16-bit operands at DEFAULT, one bf16 pass on a TPU: the ``bf16``
+precision class, 3 single-pass matmuls); ``"x3_dlm_head"`` (dz as three 16-bit terms in
+the dlm_head product, one in dhidden's, ``dz_terms``, as the suite's Adam-safe kernels
+split it: the ``bf16x3`` class, docs/spec.md "Precision classes"; 5 matmuls); ``"x3"``
+(three terms in both: 7). f32 inputs use HIGHEST either way.
 """
 
 from __future__ import annotations
@@ -14,8 +21,8 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-from ..spec import Knobs, Problem
-from . import grpo_math
+from ..spec import Knobs, Problem, RequestError
+from . import dz_terms, grpo_math
 from .interface import Capabilities, Implementation
 
 f32 = jnp.float32
@@ -108,10 +115,56 @@ def _logits_f32_dhidden_bwd(res, dz):
 _logits_f32_dhidden.defvjp(_logits_f32_dhidden_fwd, _logits_f32_dhidden_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _logits_dz_terms(hidden, lm_head, terms):
+    """hidden @ lm_head accumulated in f32 (16-bit operands), whose backward takes the f32
+    cotangent dz as 16-bit terms (``dz_terms``): ``terms`` = (dhidden's, dlm_head's)."""
+    return jnp.einsum("bth,hv->btv", hidden.astype(lm_head.dtype), lm_head,
+                      preferred_element_type=f32)
+
+
+def _logits_dz_terms_fwd(hidden, lm_head, terms):
+    return _logits_dz_terms(hidden, lm_head, terms), (hidden, lm_head)
+
+
+def _logits_dz_terms_bwd(terms, res, dz):
+    hidden, lm_head = res
+    dt = lm_head.dtype
+    dh = dz_terms.product_of_terms(
+        dz, dt, terms[0],
+        lambda t: jax.lax.dot_general(t, lm_head, (((2,), (1,)), ((), ())),
+                                      preferred_element_type=f32))
+    dw = dz_terms.product_of_terms(
+        dz, dt, terms[1],
+        lambda t: jax.lax.dot_general(hidden.astype(dt), t, (((0, 1), (0, 1)), ((), ())),
+                                      preferred_element_type=f32))
+    return dh.astype(hidden.dtype), dw.astype(dt)
+
+
+_logits_dz_terms.defvjp(_logits_dz_terms_fwd, _logits_dz_terms_bwd)
+
+# dz_precision -> (dhidden's, dlm_head's) 16-bit terms of dz (None: jax's own VJP).
+_DZ_TERMS = {"default": None, "x3": (3, 3), "x3_dlm_head": (1, 3)}
+
+
+def _validate_options(options: Mapping[str, Any]) -> None:
+    if options["dz_precision"] not in _DZ_TERMS:
+        raise RequestError(f"impl_options.dz_precision must be one of {sorted(_DZ_TERMS)}, "
+                           f"got {options['dz_precision']!r}")
+
+
 def build(problem: Problem, k: Knobs, options: Mapping[str, Any], logits_fn=None):
     """The case's function: all SPEC inputs in order -> (loss, metrics..., gradients...).
     ``logits_fn(hidden, lm_head, logits_dtype)`` replaces ``fused_logits`` (test variants)."""
-    del options  # no options
+    options = {**IMPLEMENTATION.default_options, **options}
+    _validate_options(options)
+    terms = _DZ_TERMS[options["dz_precision"]]
+    if logits_fn is None and terms is not None:
+        def logits_fn(hidden, lm_head, logits_dtype):
+            if jnp.dtype(lm_head.dtype) == f32:
+                return fused_logits(hidden, lm_head, logits_dtype)
+            z = _logits_dz_terms(hidden, lm_head, terms)
+            return round_to(z, lm_head.dtype) if logits_dtype == "input" else z
     logits_fn = logits_fn or fused_logits
     if problem.level == "logits":
         def loss_fn(logits, chosen_ids, old_logp, ref_logp, advantages, mask):
@@ -183,6 +236,7 @@ IMPLEMENTATION = Implementation(
     description="pure JAX: f32 log_softmax + gather, jax.value_and_grad (the seeds' reference)",
     build=build,
     capabilities=Capabilities(),  # every level, dtype, platform and knob
-    default_options={},
+    default_options={"dz_precision": "default"},
+    validate_options=_validate_options,
     per_token=per_token,
 )
