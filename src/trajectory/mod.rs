@@ -196,13 +196,13 @@ pub fn execute(
         sign_agreement: series.sign_agreement.0,
         steps: Vec::new(),
     }];
-    for cs in &series.classes {
+    for cs in series.classes {
         let name = format!("{}-class", cs.class);
         classes.push(ClassVerdict {
             class: cs.class,
             judgement: verdict::judge_against(&cs.as_points(&series.points), k, spec.steps, &name),
             sign_agreement: cs.sign_agreement,
-            steps: cs.steps.clone(),
+            steps: cs.steps,
         });
     }
     let class = classes.iter().find(|c| c.judgement.passed).map(|c| c.class);

@@ -209,7 +209,7 @@ pub fn run(
     let norm0 = norm(&theta_e);
     let mut points = Vec::with_capacity(spec.steps);
     let mut round = 0;
-    while points.len() < spec.steps {
+    'rounds: while points.len() < spec.steps {
         let data = problem.round(round);
         let mut rollout = data.clone();
         rollout.old_logp = data.ref_logp.clone();
@@ -284,13 +284,8 @@ pub fn run(
             points.push(p);
             progress(p.step);
             if !(p.loss_implementation.is_finite() && p.drift_implementation.is_finite()) {
-                break;
+                break 'rounds;
             }
-        }
-        if points.last().is_some_and(|p| {
-            !(p.loss_implementation.is_finite() && p.drift_implementation.is_finite())
-        }) {
-            break;
         }
         round += 1;
     }

@@ -29,6 +29,16 @@ fn biased() -> HostLogits {
     }
 }
 
+/// `execute` with `loss` on the host, the trial required to reach `required`.
+fn judged(
+    case: &Case,
+    spec: &TrajectorySpec,
+    loss: &mut dyn LossFn,
+    required: PrecisionClass,
+) -> TrajectoryRecord {
+    execute(case, spec, loss, "host", required, |_| {}).unwrap()
+}
+
 /// The plain-f32 loop with its gradient products fed as `r` rounds them.
 fn rounded(r: Rounding) -> HostLogits {
     HostLogits {
@@ -108,25 +118,19 @@ fn a_biased_dlm_head_passes_every_per_call_gate_and_fails_the_sgd_trajectory() {
     }
     let case = smoke_case("f32");
     let spec = spec_of(&case, Optimizer::Sgd);
-    let ok = execute(
+    let ok = judged(
         &case,
         &spec,
         &mut honest(),
-        "host",
         PrecisionClass::default_for(case.dtype),
-        |_| {},
-    )
-    .unwrap();
+    );
     assert!(ok.judgement.passed, "{}", ok.judgement.message);
-    let bad = execute(
+    let bad = judged(
         &case,
         &spec,
         &mut biased(),
-        "host",
         PrecisionClass::default_for(case.dtype),
-        |_| {},
-    )
-    .unwrap();
+    );
     assert!(!bad.judgement.passed, "{}", bad.judgement.message);
     assert!(!bad.passed(), "{}", bad.summary());
     assert!(
@@ -147,15 +151,12 @@ fn a_biased_dlm_head_passes_every_per_call_gate_and_fails_the_sgd_trajectory() {
 fn adam_does_not_see_a_relative_gradient_bias() {
     let case = smoke_case("f32");
     let spec = spec_of(&case, Optimizer::Adam);
-    let r = execute(
+    let r = judged(
         &case,
         &spec,
         &mut biased(),
-        "host",
         PrecisionClass::default_for(case.dtype),
-        |_| {},
-    )
-    .unwrap();
+    );
     assert!(r.judgement.passed, "{}", r.judgement.message);
 }
 
@@ -166,15 +167,12 @@ fn the_ci_problems_reach_the_clip_edges() {
     for dt in ["f32", "bf16"] {
         let case = smoke_case(dt);
         for spec in &case.trajectories {
-            let r = execute(
+            let r = judged(
                 &case,
                 spec,
                 &mut honest(),
-                "host",
                 PrecisionClass::default_for(case.dtype),
-                |_| {},
-            )
-            .unwrap();
+            );
             let first: f64 = r.points.iter().step_by(2).map(|p| p.clipped_fraction).sum();
             let second: f64 = r
                 .points
@@ -262,15 +260,12 @@ fn measure_bias_against_problem_settings() {
                         group_size: 2,
                         init_std: init,
                     };
-                    let h = execute(
+                    let h = judged(
                         &case,
                         &spec,
                         &mut honest(),
-                        "h",
                         PrecisionClass::default_for(case.dtype),
-                        |_| {},
-                    )
-                    .unwrap();
+                    );
                     let b = execute(
                         &case,
                         &spec,
@@ -420,30 +415,24 @@ fn a_kernel_reaches_the_class_it_rounds_dz_to() {
         (PrecisionClass::Tf32, PrecisionClass::Tf32),
         (PrecisionClass::Bf16, PrecisionClass::Bf16),
     ] {
-        let r = execute(
+        let r = judged(
             &case,
             &spec,
             &mut rounded(Rounding::Class(rounding)),
-            "host",
             PrecisionClass::Bf16,
-            |_| {},
-        )
-        .unwrap();
+        );
         assert_eq!(r.class, Some(reached), "dz as {rounding}: {}", r.summary());
         assert!(r.passed(), "{}", r.summary());
         assert_eq!(r.classes.len(), 4);
         assert!(r.sign_agreement.is_some_and(|a| a > 0.5 && a <= 1.0));
     }
     // One bf16 term under an Adam-safe requirement: a FAIL naming both classes.
-    let r = execute(
+    let r = judged(
         &case,
         &spec,
         &mut rounded(Rounding::Class(PrecisionClass::Bf16)),
-        "host",
         PrecisionClass::Bf16x3,
-        |_| {},
-    )
-    .unwrap();
+    );
     assert!(!r.passed());
     let s = r.summary();
     assert!(
@@ -474,15 +463,12 @@ fn dz_in_an_8_bit_float_is_below_every_class() {
     let case = smoke_case("bf16");
     let spec = spec_of(&case, Optimizer::Adam);
     for bits in [4, 3] {
-        let r = execute(
+        let r = judged(
             &case,
             &spec,
             &mut rounded(Rounding::Bits(bits)),
-            "host",
             PrecisionClass::Bf16,
-            |_| {},
-        )
-        .unwrap();
+        );
         assert_eq!(r.class, None, "{bits} bits: {}", r.summary());
         assert!(!r.passed());
         assert!(
@@ -499,15 +485,7 @@ fn dz_in_an_8_bit_float_is_below_every_class() {
 fn a_record_keeps_its_classes() {
     let case = smoke_case("bf16");
     let spec = spec_of(&case, Optimizer::Sgd);
-    let r = execute(
-        &case,
-        &spec,
-        &mut honest(),
-        "host",
-        PrecisionClass::Bf16,
-        |_| {},
-    )
-    .unwrap();
+    let r = judged(&case, &spec, &mut honest(), PrecisionClass::Bf16);
     let text = serde_json::to_string(&r).unwrap();
     let back: TrajectoryRecord = serde_json::from_str(&text).unwrap();
     assert_eq!(back.class, r.class);
@@ -528,15 +506,12 @@ fn a_record_keeps_its_classes() {
 fn a_class_below_the_manifests_is_reported_with_both() {
     let case = smoke_case("bf16");
     let spec = spec_of(&case, Optimizer::Adam);
-    let mut r = execute(
+    let mut r = judged(
         &case,
         &spec,
         &mut rounded(Rounding::Class(PrecisionClass::Bf16)),
-        "host",
         PrecisionClass::Bf16,
-        |_| {},
-    )
-    .unwrap();
+    );
     r.expected_class = Some(PrecisionClass::F32);
     let s = r.summary();
     assert!(
