@@ -68,6 +68,10 @@ pub struct TrialOutcome {
     /// Measured time against the roofline (executing TPU backends).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub efficiency: Option<crate::cost::speed::Efficiency>,
+    /// The precision class the trial's speed is compared within, and its baseline
+    /// (deviceless TPU compiles): where `grpo-suite report` places it on the front.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_class: Option<crate::cost::speed::SpeedClass>,
     /// Free-form detail (golden diffs, which case caught a should-fail variant).
     pub detail: Option<String>,
     /// Multi-device runs on an executing backend: the same implementation on one device.
@@ -158,6 +162,7 @@ impl TrialOutcome {
             roofline: None,
             speed: None,
             efficiency: None,
+            speed_class: None,
             detail: None,
             invariance: None,
             exporter: None,

@@ -93,6 +93,18 @@ impl PrecisionClass {
         }
     }
 
+    /// The `dz_precision` option of the jax_baseline that is this class's own speed
+    /// baseline (docs/spec.md, "Precision classes"): jax's DEFAULT VJP for `bf16` and
+    /// `tf32` (one pass; a GPU makes it TF32), dz as three bf16 terms in the dlm_head
+    /// product for `bf16x3`, and in both products for `f32`.
+    pub fn baseline_dz_precision(self) -> &'static str {
+        match self {
+            PrecisionClass::Bf16 | PrecisionClass::Tf32 => "default",
+            PrecisionClass::Bf16x3 => "x3_dlm_head",
+            PrecisionClass::F32 => "x3",
+        }
+    }
+
     /// One line on what the class costs: `1 bf16 pass per product`.
     pub fn passes(self) -> &'static str {
         match self {
@@ -180,6 +192,41 @@ impl<'de> Deserialize<'de> for ClassRule {
     }
 }
 
+impl std::fmt::Display for ClassRule {
+    /// As a configuration writes it: `bf16x3`, or `{bf16: bf16x3}`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClassRule::All(c) => write!(f, "{c}"),
+            ClassRule::ByDtype(m) => {
+                let parts: Vec<String> = m.iter().map(|(d, c)| format!("{d}: {c}")).collect();
+                write!(f, "{{{}}}", parts.join(", "))
+            }
+        }
+    }
+}
+
+impl ClassRule {
+    /// An entry's rule with the configuration's beneath it: for each dtype the entry's
+    /// class where it names one, else the configuration's (what [`required`] reads from
+    /// the two, as one rule).
+    pub fn over(entry: Option<&ClassRule>, config: Option<&ClassRule>) -> Option<ClassRule> {
+        match (entry, config) {
+            (None, c) => c.cloned(),
+            (Some(e), None) | (Some(e @ ClassRule::All(_)), _) => Some(e.clone()),
+            (Some(e), Some(c)) => {
+                let m = [DType::F32, DType::Bf16, DType::F16]
+                    .into_iter()
+                    .filter_map(|d| {
+                        let class = e.for_dtype(d).or_else(|| c.for_dtype(d))?;
+                        Some((d.name().to_string(), class))
+                    })
+                    .collect();
+                Some(ClassRule::ByDtype(m))
+            }
+        }
+    }
+}
+
 /// The class a trial on `dtype` must reach: the entry's rule, else the configuration's,
 /// else [`PrecisionClass::default_for`].
 pub fn required(
@@ -262,5 +309,49 @@ mod tests {
             bad.to_string().contains("unknown precision class `fp8`"),
             "{bad}"
         );
+    }
+
+    /// The folded rule requires of every dtype what the two rules do through [`required`].
+    #[test]
+    fn a_folded_rule_requires_what_the_entry_and_config_rules_require() {
+        let rules: Vec<Option<ClassRule>> = ["bf16x3", "{bf16: bf16x3}", "{f32: tf32, f16: f32}"]
+            .iter()
+            .map(|t| Some(serde_yaml_ng::from_str(t).unwrap()))
+            .chain([None])
+            .collect();
+        for e in &rules {
+            for c in &rules {
+                let folded = ClassRule::over(e.as_ref(), c.as_ref());
+                for d in [DType::F32, DType::Bf16, DType::F16] {
+                    assert_eq!(
+                        required(folded.as_ref(), None, d),
+                        required(e.as_ref(), c.as_ref(), d),
+                        "{e:?} over {c:?} on {d:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A rule is written as a configuration reads it.
+    #[test]
+    fn a_rule_is_written_as_it_is_read() {
+        for text in ["bf16x3", "{bf16: bf16x3}", "{bf16: bf16x3, f32: tf32}"] {
+            let r: ClassRule = serde_yaml_ng::from_str(text).unwrap();
+            assert_eq!(r.to_string(), text);
+            assert_eq!(
+                serde_yaml_ng::from_str::<ClassRule>(&r.to_string()).unwrap(),
+                r
+            );
+        }
+    }
+
+    #[test]
+    fn each_class_names_its_own_baseline() {
+        let names: Vec<&str> = PrecisionClass::STRICT_FIRST
+            .iter()
+            .map(|c| c.baseline_dz_precision())
+            .collect();
+        assert_eq!(names, ["x3", "x3_dlm_head", "default", "default"]);
     }
 }

@@ -199,6 +199,7 @@ pub fn run_trial(
     out.cost_error = res.cost_error;
     out.roofline = res.roofline;
     out.efficiency = res.efficiency;
+    out.speed_class = res.speed_class;
     out.exporter = res.exporter;
     out.precision = res.precision;
     match (res.outputs, prep) {

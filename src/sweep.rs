@@ -78,8 +78,12 @@ pub struct Budgets {
     pub max_peak_over_floor: Option<f64>,
     /// Fixed allowance of the memory budget.
     pub peak_slack_bytes: u64,
-    /// Roofline ≤ this × jax_baseline's (on every generation, or per generation).
+    /// Roofline ≤ this × the class baseline's (on every generation, or per generation).
     pub max_roofline_over_baseline: Option<SpeedBudget>,
+    /// The precision class the option sets must reach (`--precision-class`, else the
+    /// configured entry's `min_precision_class`): their speed is compared with that
+    /// class's jax_baseline (docs/spec.md, "Precision classes"); None: by the case's dtype.
+    pub min_precision_class: Option<crate::precision_class::ClassRule>,
 }
 
 impl Budgets {
@@ -199,6 +203,9 @@ pub fn config_entry(id: &str, name: &str, options: &Map<String, Value>, b: &Budg
     if let Some(r) = &b.max_roofline_over_baseline {
         s.push_str(&format!(", max_roofline_over_baseline: {r}"));
     }
+    if let Some(c) = &b.min_precision_class {
+        s.push_str(&format!(", min_precision_class: {c}"));
+    }
     s.push('}');
     s
 }
@@ -287,6 +294,7 @@ mod tests {
             max_peak_over_floor: Some(1.1),
             peak_slack_bytes: 131072,
             max_roofline_over_baseline: Some(SpeedBudget::All(1.0)),
+            min_precision_class: None,
         };
         let mut opts = Map::new();
         opts.insert("a".into(), 1.into());
@@ -311,5 +319,12 @@ mod tests {
         );
         assert!(config_entry("k", "k@a=1", &opts, &per)
             .ends_with(", max_roofline_over_baseline: {tpu7x: 1.4, v5e: 1.05}}"));
+        // The class the sets were compared within is pinned with them.
+        let classed = Budgets {
+            min_precision_class: serde_yaml_ng::from_str("{bf16: bf16x3}").unwrap(),
+            ..b
+        };
+        assert!(config_entry("k", "k@a=1", &opts, &classed)
+            .ends_with(", max_roofline_over_baseline: 1, min_precision_class: {bf16: bf16x3}}"));
     }
 }

@@ -313,6 +313,106 @@ fn speed_budgets_judge_the_roofline_against_the_baselines() {
         .contains("tpu7x:2x2x1"));
 }
 
+/// Speed budgets compare within a precision class: an entry that must reach `bf16x3` is
+/// judged against jax_baseline with dz in three bf16 terms for dlm_head (the configured
+/// `jax_baseline@x3dlm`, else one the backend makes), an entry that must reach `bf16`
+/// against plain jax_baseline; an entry claiming a class its own matmuls do not reach
+/// (jax_baseline's DEFAULT dots are one bf16 pass on a TPU) fails, whatever its ratio.
+#[test]
+fn speed_budgets_compare_within_a_precision_class() {
+    use grpo_conformance::precision_class::PrecisionClass;
+    let c = parse_fixed(
+        "level: fused, b: 1, t: 512, h: 4096, v: 4096, dtype: bf16, beta: 0.04, compile_only: true",
+    )
+    .unwrap();
+    let saved = "id: xla_saved_logits, options: {chunk_tokens: 512, chunk_vocab: 2048, dz_precision: x3_dlm_head}, max_roofline_over_baseline: 100";
+    let b = backend(
+        "v6e:2x2",
+        &format!("[jax_baseline, {{id: jax_baseline, name: jax_baseline@x3dlm, options: {{dz_precision: x3_dlm_head}}, min_precision_class: {{bf16: bf16x3}}}}, {{name: safe, {saved}, min_precision_class: {{bf16: bf16x3}}}}, {{name: plain, {saved}}}, {{id: jax_baseline, name: claimed, max_roofline_over_baseline: 100, min_precision_class: bf16x3}}]"),
+    );
+    let names = [
+        "jax_baseline",
+        "jax_baseline@x3dlm",
+        "safe",
+        "plain",
+        "claimed",
+    ];
+    let work: Vec<(&str, &Case)> = names.iter().map(|n| (*n, &c)).collect();
+    b.prepare(&work).unwrap();
+    let opts = RunOptions {
+        warmup: 0,
+        repeats: 0,
+    };
+    let run = |n| run_trial(&b, n, &c, None, &opts);
+    let (base1, base3) = (run("jax_baseline"), run("jax_baseline@x3dlm"));
+    let t = |o: &grpo_conformance::runner::TrialOutcome| o.roofline.as_ref().unwrap().time_s;
+    assert!(
+        t(&base3) > t(&base1),
+        "dz in three terms costs more passes: {} against {}",
+        t(&base3),
+        t(&base1)
+    );
+    let safe = run("safe");
+    assert_eq!(safe.verdict, Verdict::Pass, "{}", safe.failure_text());
+    let s = safe.speed.as_ref().unwrap();
+    let class = s.class.as_ref().unwrap();
+    assert_eq!(
+        (class.class, class.baseline.as_str()),
+        (PrecisionClass::Bf16x3, "jax_baseline@x3dlm")
+    );
+    assert_eq!(s.baseline_roofline_s, t(&base3), "{}", s.message);
+    assert!(s
+        .message
+        .contains("jax_baseline@x3dlm (the bf16x3 class's baseline)"));
+    assert_eq!(safe.speed_class.as_ref(), Some(class));
+    let plain = run("plain");
+    let p = plain.speed.as_ref().unwrap();
+    assert_eq!(p.class.as_ref().unwrap().class, PrecisionClass::Bf16);
+    assert_eq!(p.baseline_roofline_s, t(&base1));
+    assert!(
+        p.ratio > s.ratio,
+        "the same kernel is further from the cheaper baseline"
+    );
+    // The baselines' own trials are placed in their classes.
+    assert_eq!(
+        base3.speed_class.as_ref().unwrap().baseline,
+        "jax_baseline@x3dlm"
+    );
+    assert_eq!(
+        base1.speed_class.as_ref().unwrap().class,
+        PrecisionClass::Bf16
+    );
+    let claimed = run("claimed");
+    assert_eq!(claimed.verdict, Verdict::Fail, "{}", claimed.failure_text());
+    let cs = claimed.speed.as_ref().unwrap();
+    assert_eq!(
+        cs.manifest_class,
+        Some(PrecisionClass::Bf16),
+        "{}",
+        cs.message
+    );
+    assert!(
+        cs.ratio < 100.0 && cs.message.contains("OUT OF CLASS"),
+        "{}",
+        cs.message
+    );
+
+    // Without a configured baseline of the class the backend makes one: the same module,
+    // the same roofline.
+    let b2 = backend(
+        "v6e:2x2",
+        &format!("[{{name: safe, {saved}, min_precision_class: {{bf16: bf16x3}}}}]"),
+    );
+    b2.prepare(&[("safe", &c)]).unwrap();
+    let safe2 = run_trial(&b2, "safe", &c, None, &opts);
+    let s2 = safe2.speed.as_ref().unwrap();
+    assert_eq!(
+        s2.class.as_ref().unwrap().baseline,
+        "jax_baseline@speed-baseline-bf16x3"
+    );
+    assert_eq!(s2.baseline_roofline_s, t(&base3));
+}
+
 /// Cases that differ only in their data (profile, mask, advantages) export the same module
 /// and share one compile, marked `compile_shared`, with the same figures; a case with
 /// another shape or another implementation is compiled on its own.

@@ -135,6 +135,9 @@ pub struct RunResult {
     pub speed: Option<crate::cost::speed::SpeedMeasure>,
     /// Measured time against the roofline (executing TPU backends).
     pub efficiency: Option<crate::cost::speed::Efficiency>,
+    /// The precision class this trial's speed is compared within and that class's
+    /// baseline (backends that derive a roofline against jax_baseline's).
+    pub speed_class: Option<crate::cost::speed::SpeedClass>,
     /// Which environment exported the module (exporting backends).
     pub exporter: Option<ExporterInfo>,
     /// The precision of the module's f32 matmuls and its verdict (exporting backends).

@@ -247,6 +247,13 @@ impl BackendsConfig {
             .retain(|(k, s)| s.backend_names(k).iter().any(|n| keep.contains(n)));
     }
 
+    /// Calls `f` on every implementation entry of every section.
+    pub fn for_each_entry(&mut self, mut f: impl FnMut(&mut ImplEntry)) {
+        for (_, s) in &mut self.sections {
+            s.entries_mut().iter_mut().for_each(&mut f);
+        }
+    }
+
     /// Checks every section's settings.
     pub fn validate(&self, origin: &str) -> Result<()> {
         for (k, s) in &self.sections {

@@ -42,9 +42,15 @@ pub struct SweepArgs {
     /// Memory budget (default: the implementation's tpu-aot entry in the configuration).
     #[arg(long, allow_negative_numbers = true, value_parser = super::numbers::ratio_at_least_one)]
     pub max_peak_over_floor: Option<f64>,
-    /// Speed budget against jax_baseline's roofline (default: the configured entry's).
+    /// Speed budget against the class baseline's roofline (default: the configured
+    /// entry's).
     #[arg(long, allow_negative_numbers = true, value_parser = super::numbers::positive)]
     pub max_roofline_over_baseline: Option<f64>,
+    /// The precision class the option sets must reach (f32, bf16x3, tf32, bf16; default:
+    /// the configured entry's `min_precision_class`, else by the case's dtype): the speed
+    /// is compared with that class's jax_baseline (docs/spec.md, "Precision classes").
+    #[arg(long, value_parser = parse_class)]
+    pub precision_class: Option<grpo_conformance::precision_class::PrecisionClass>,
     /// Where the exporter imports a `module:attribute` implementation from.
     #[arg(long)]
     pub pythonpath: Vec<PathBuf>,
@@ -78,6 +84,10 @@ pub fn sweep_case(matrix: &Matrix, args: &SweepArgs) -> Result<Case> {
     }
 }
 
+fn parse_class(s: &str) -> Result<grpo_conformance::precision_class::PrecisionClass, String> {
+    grpo_conformance::precision_class::PrecisionClass::parse(s)
+}
+
 /// The budgets: the command line's, else the first tpu-aot entry of the configuration
 /// with the implementation's id.
 pub fn budgets(config: &Config, args: &SweepArgs) -> Budgets {
@@ -101,6 +111,10 @@ pub fn budgets(config: &Config, args: &SweepArgs) -> Budgets {
             .or(entry
                 .as_ref()
                 .and_then(|e| e.max_roofline_over_baseline.clone())),
+        min_precision_class: args
+            .precision_class
+            .map(grpo_conformance::precision_class::ClassRule::All)
+            .or(entry.as_ref().and_then(|e| e.min_precision_class.clone())),
     }
 }
 
@@ -178,6 +192,7 @@ mod imp {
             0
         };
         c.max_roofline_over_baseline = b.max_roofline_over_baseline.clone();
+        c.min_precision_class = b.min_precision_class.clone();
         c.pythonpath = pythonpath.to_vec();
         c
     }
@@ -213,6 +228,19 @@ mod imp {
         grpo_conformance::backends::pjrt::export::set_timeout(config.export_timeout_s);
         let case = sweep_case(matrix, &args)?;
         let budgets = budgets(&config, &args);
+        // The class the speed is compared within, and its baseline (one per sweep).
+        let class = grpo_conformance::precision_class::required(
+            budgets.min_precision_class.as_ref(),
+            config.min_precision_class.as_ref(),
+            case.dtype,
+        );
+        let dz = class.baseline_dz_precision();
+        let mut base_entry = ImplEntry::Id(BASELINE.into()).resolved();
+        if dz != "default" {
+            base_entry.name = Some(format!("{BASELINE}@{dz}"));
+            base_entry.options.insert("dz_precision".into(), dz.into());
+        }
+        let base_name = base_entry.display_name().to_string();
         let plugin = config
             .backends
             .get::<grpo_conformance::backends::pjrt::TpuAotConfig>("tpu-aot")
@@ -318,13 +346,12 @@ mod imp {
         let mut baseline_rows: Vec<(String, TrialOutcome)> = Vec::new();
         for t in &topologies {
             let mut all = entries.clone();
-            let base_entry = ImplEntry::Id(BASELINE.into()).resolved();
-            all.push(base_entry);
+            all.push(base_entry.clone());
             let b = backend(plugin.as_ref(), t, &all)?;
             let work: Vec<(&str, &Case)> = all.iter().map(|e| (e.display_name(), &case)).collect();
             b.prepare(&work)?;
-            pb.set_message(format!("{t} {BASELINE}"));
-            let mut bo = run_trial(&b, BASELINE, &case, None, &opts);
+            pb.set_message(format!("{t} {base_name}"));
+            let mut bo = run_trial(&b, &base_name, &case, None, &opts);
             bo.kind = TrialKind::Sweep;
             if let Some(r) = &bo.roofline {
                 baselines.insert(t.clone(), r.time_s);
@@ -377,12 +404,15 @@ mod imp {
                 topologies.join(", ")
             )));
         }
-        println!("\nbudgets: {}", budgets.describe());
+        println!(
+            "\nbudgets: {} (class {class}: against {base_name})",
+            budgets.describe()
+        );
         let per = sweep::best_per_topology(&rows);
         for t in &topologies {
             match per.get(t) {
                 Some(o) => println!(
-                    "best on {t}: {} ({}, {:.2}× {BASELINE})",
+                    "best on {t}: {} ({}, {:.2}× {base_name})",
                     o.implementation,
                     human_time(o.roofline.as_ref().unwrap().time_s),
                     sweep::ratio(o, baselines.get(t).copied()).unwrap_or(f64::NAN)
@@ -393,7 +423,7 @@ mod imp {
         let overall = sweep::best_overall(&rows, &baselines);
         match &overall {
             Some((name, worst, on)) => {
-                println!("best on every topology: {name} (worst {worst:.2}× {BASELINE}, on {on})")
+                println!("best on every topology: {name} (worst {worst:.2}× {base_name}, on {on})")
             }
             None => println!(
                 "best on every topology: none is within the budgets on all of {}",
@@ -410,7 +440,7 @@ mod imp {
                 .find(|e| e.display_name() == name)
                 .context("internal: best entry not found")?;
             let text = format!(
-                "# grpo-suite sweep --impl {} on {} ({}): the best option set within the budgets\n# ({}) on {}; worst {worst:.2}× {BASELINE}'s roofline, on {on}. Paste under backends: tpu-aot: implementations:.\n{}\n",
+                "# grpo-suite sweep --impl {} on {} ({}): the best option set within the budgets\n# ({}, class {class}) on {}; worst {worst:.2}× {base_name}'s roofline, on {on}. Paste under backends: tpu-aot: implementations:.\n{}\n",
                 args.implementation,
                 case.id,
                 grpo_conformance::cost::roofline::GENERATIONS.iter().filter(|g| g.accelerator == grpo_conformance::cost::Accelerator::Tpu).map(|g| g.name).collect::<Vec<_>>().join("/"),
@@ -578,11 +608,34 @@ mod tests {
             Budgets {
                 max_peak_over_floor: Some(1.1),
                 peak_slack_bytes: 100,
-                max_roofline_over_baseline: Some(SpeedBudget::All(1.0))
+                max_roofline_over_baseline: Some(SpeedBudget::All(1.0)),
+                min_precision_class: None,
             }
         );
         let b = budgets(&c, &args(&["--max-roofline-over-baseline", "0.5"]));
         assert_eq!(b.max_roofline_over_baseline, Some(SpeedBudget::All(0.5)));
+        // The class: the command line's, else the configured entry's.
+        use grpo_conformance::precision_class::{ClassRule, PrecisionClass};
+        let classed = Config::parse(
+            "backends:
+  tpu-aot:
+    topologies: [v6e:2x2]
+    implementations:
+      - {id: pallas_fused, min_precision_class: {bf16: bf16x3}}
+",
+            "c.yaml",
+        )
+        .unwrap();
+        assert_eq!(
+            budgets(&classed, &args(&[]))
+                .min_precision_class
+                .map(|r| r.to_string()),
+            Some("{bf16: bf16x3}".into())
+        );
+        assert_eq!(
+            budgets(&classed, &args(&["--precision-class", "f32"])).min_precision_class,
+            Some(ClassRule::All(PrecisionClass::F32))
+        );
         // A per-generation budget comes through whole.
         let c = Config::parse(
             "backends:\n  tpu-aot:\n    topologies: [v6e:2x2]\n    implementations:\n      - {id: pallas_fused, max_roofline_over_baseline: {v6e: 1.2}}\n",

@@ -32,6 +32,7 @@ pub use entry::{
 pub use expected::{ExpectedFailure, ExpectedKind};
 
 use crate::backends::registry::{BackendsConfig, RawBackends};
+use crate::precision_class::ClassRule;
 use anyhow::{anyhow, bail, Context, Result};
 use expected::check_expected;
 use serde::Deserialize;
@@ -142,6 +143,14 @@ impl Config {
     /// Parses YAML text; `origin` names the file in errors. A file that `extends` another
     /// is read with [`Config::load`], which knows where the base lies.
     pub fn parse(text: &str, origin: &str) -> Result<Config> {
+        let mut c = Config::parse_unfolded(text, origin)?;
+        c.fold_class_rule();
+        Ok(c)
+    }
+
+    /// [`Config::parse`] without [`Config::fold_class_rule`] (a base that an extension may
+    /// give another `min_precision_class`).
+    fn parse_unfolded(text: &str, origin: &str) -> Result<Config> {
         if top_level_key(text, "extends") {
             bail!("{origin}: `extends` names a base configuration relative to this file; read it with --config FILE");
         }
@@ -166,7 +175,23 @@ impl Config {
     /// exist here. A file with `extends: BASE` is BASE with its own keys over it
     /// ([`Extension`]).
     pub fn load_unchecked(path: &Path) -> Result<Config> {
-        Config::load_chain(path, &mut Vec::new())
+        let mut c = Config::load_chain(path, &mut Vec::new())?;
+        c.fold_class_rule();
+        Ok(c)
+    }
+
+    /// Puts the configuration's `min_precision_class` beneath every entry's own
+    /// ([`ClassRule::over`]), so that an entry alone says which class it must reach, and
+    /// so which class's baseline its speed budget compares with (docs/tpu.md).
+    fn fold_class_rule(&mut self) {
+        let Some(config) = self.min_precision_class.clone() else {
+            return;
+        };
+        self.backends.for_each_entry(|e| {
+            let mut c = e.resolved();
+            c.min_precision_class = ClassRule::over(c.min_precision_class.as_ref(), Some(&config));
+            *e = ImplEntry::Full(c);
+        });
     }
 
     /// [`Config::load_unchecked`], `chain` holding the files that extend this one (to
@@ -180,7 +205,7 @@ impl Config {
             _ => PathBuf::from("."),
         };
         if !top_level_key(&text, "extends") {
-            let mut c = Config::parse(&text, &origin)?;
+            let mut c = Config::parse_unfolded(&text, &origin)?;
             c.backends.resolve_paths(&dir);
             c.sources = vec![path.to_path_buf()];
             return Ok(c);
@@ -610,6 +635,60 @@ mod extends_tests {
                 d.path().join("sub/top.yaml")
             ]
         );
+    }
+
+    /// The configuration's `min_precision_class` lies beneath each entry's own, the one
+    /// of the file that extends taking the base's place: an entry alone then says what it
+    /// must reach (and so which class's baseline its speed compares with).
+    #[test]
+    fn the_config_class_rule_is_folded_into_every_entry_after_extends() {
+        use crate::precision_class::{required, PrecisionClass};
+        use crate::spec::DType;
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("base.yaml"),
+            "min_precision_class: f32
+backends:
+  pjrt-cpu:
+    implementations:
+      - jax_baseline
+      - {id: xla_chunked, name: x, min_precision_class: {bf16: bf16x3}}
+",
+        )
+        .unwrap();
+        std::fs::write(
+            d.path().join("top.yaml"),
+            "extends: base.yaml
+min_precision_class: {f32: tf32}
+",
+        )
+        .unwrap();
+        let class = |path: &str, name: &str, dtype| {
+            let c = Config::load_unchecked(&d.path().join(path)).unwrap();
+            let list = c.backends.exported_lists();
+            let e = enabled(list.into_iter().find(|(b, _)| *b == "pjrt-cpu").unwrap().1)
+                .into_iter()
+                .find(|e| e.display_name() == name)
+                .unwrap();
+            required(e.min_precision_class.as_ref(), None, dtype)
+        };
+        assert_eq!(
+            class("base.yaml", "jax_baseline", DType::Bf16),
+            PrecisionClass::F32
+        );
+        assert_eq!(class("base.yaml", "x", DType::Bf16), PrecisionClass::Bf16x3);
+        assert_eq!(class("base.yaml", "x", DType::F32), PrecisionClass::F32);
+        // The extension's rule replaces the base's beneath the entries, not over them.
+        assert_eq!(
+            class("top.yaml", "jax_baseline", DType::F32),
+            PrecisionClass::Tf32
+        );
+        assert_eq!(
+            class("top.yaml", "jax_baseline", DType::Bf16),
+            PrecisionClass::Bf16
+        );
+        assert_eq!(class("top.yaml", "x", DType::Bf16), PrecisionClass::Bf16x3);
+        assert_eq!(class("top.yaml", "x", DType::F32), PrecisionClass::Tf32);
     }
 
     #[test]

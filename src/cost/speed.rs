@@ -5,10 +5,24 @@
 
 use super::roofline::{human_time, Roofline};
 use super::DerivedCost;
+use crate::precision_class::PrecisionClass;
 use serde::{Deserialize, Serialize};
 
-/// The implementation every speed budget is judged against.
+/// The implementation every speed budget is judged against (with the options of the
+/// trial's precision class, [`SpeedClass`]).
 pub const BASELINE: &str = "jax_baseline";
+
+/// The precision class a trial's speed is compared within (docs/spec.md, "Precision
+/// classes"): the class its entry must reach on the case's dtype, and that class's own
+/// baseline, jax_baseline computing dz as the class does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpeedClass {
+    /// The class.
+    pub class: PrecisionClass,
+    /// The name of the class's baseline (a configured jax_baseline entry with the
+    /// class's `dz_precision`, else `jax_baseline@speed-baseline[-CLASS]`).
+    pub baseline: String,
+}
 
 /// A speed budget's verdict.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,7 +37,15 @@ pub struct SpeedReport {
     pub baseline_roofline_s: f64,
     /// roofline_s / baseline_roofline_s.
     pub ratio: f64,
-    /// ratio ≤ the bound.
+    /// The class the ratio is within and its baseline (absent in records from before the
+    /// classes, and for a sweep's plain jax_baseline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<SpeedClass>,
+    /// The class the module's own matmuls allow (its precision manifest), when looser
+    /// than `class`: the comparison is then not within a class, and fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_class: Option<PrecisionClass>,
+    /// ratio ≤ the bound, and the module in its class.
     pub passed: bool,
     /// One line: both times and their inputs (FLOPs, bytes), the ratio and the budget.
     pub message: String,
@@ -65,29 +87,59 @@ pub struct SpeedMeasure {
     pub baseline: DerivedCost,
     /// Its roofline on the same generation.
     pub baseline_roofline: Roofline,
+    /// The class compared within, and its baseline (whose cost `baseline` is).
+    pub class: SpeedClass,
+    /// The class the module's precision manifest gives (None: no manifest).
+    pub manifest_class: Option<PrecisionClass>,
 }
 
 impl SpeedMeasure {
-    /// Judges the measure against the bound `max` ([`judge`]).
+    /// Judges the measure against the bound `max` ([`judge`]) within its class: a module
+    /// whose manifest puts it below the class it is compared in fails, whatever its ratio.
     pub fn judge(&self, max: f64) -> SpeedReport {
-        judge(
+        let mut r = judge_against(
             max,
             (&self.own, &self.own_roofline),
             (&self.baseline, &self.baseline_roofline),
-        )
+            &format!(
+                "{} (the {} class's baseline)",
+                self.class.baseline, self.class.class
+            ),
+        );
+        let below = self.manifest_class.filter(|&m| m < self.class.class);
+        if let Some(m) = below {
+            r.passed = false;
+            r.message.push_str(&format!(
+                "; but its matmuls make it class {m} (its precision manifest), below the {} class it is compared in: OUT OF CLASS",
+                self.class.class
+            ));
+        }
+        r.class = Some(self.class.clone());
+        r.manifest_class = below;
+        r
     }
 }
 
-/// Judges `own` against the baseline's roofline with the bound `max`.
+/// Judges `own` against jax_baseline's roofline with the bound `max`.
 pub fn judge(
     max: f64,
     own: (&DerivedCost, &Roofline),
     baseline: (&DerivedCost, &Roofline),
 ) -> SpeedReport {
+    judge_against(max, own, baseline, BASELINE)
+}
+
+/// Judges `own` against the roofline of the baseline called `name` with the bound `max`.
+fn judge_against(
+    max: f64,
+    own: (&DerivedCost, &Roofline),
+    baseline: (&DerivedCost, &Roofline),
+    name: &str,
+) -> SpeedReport {
     let ratio = own.1.time_s / baseline.1.time_s;
     let passed = ratio.is_finite() && ratio <= max;
     let message = format!(
-        "speed: roofline {} / {BASELINE} {} = {ratio:.3}× on {}; budget {max}×: {}",
+        "speed: roofline {} / {name} {} = {ratio:.3}× on {}; budget {max}×: {}",
         inputs(own.0, own.1),
         inputs(baseline.0, baseline.1),
         own.1.generation,
@@ -99,6 +151,8 @@ pub fn judge(
         roofline_s: own.1.time_s,
         baseline_roofline_s: baseline.1.time_s,
         ratio,
+        class: None,
+        manifest_class: None,
         passed,
         message,
     }
@@ -180,6 +234,46 @@ mod tests {
         // A NaN time never passes.
         let nan = cost(0.0, f64::NAN);
         assert!(!judge(10.0, (&nan, &roofline(&nan, g)), (&base, &rb)).passed);
+    }
+
+    /// Within its class a measure passes on its ratio; a module whose manifest gives a
+    /// looser class than the one it is compared in fails at any ratio.
+    #[test]
+    fn a_speed_measure_is_judged_within_its_class() {
+        let g = generation_of_topology("v6e:2x2").unwrap();
+        let base = cost(0.0, 76.5e9);
+        let own = cost(0.0, 70e9);
+        let m = |manifest| SpeedMeasure {
+            own_roofline: roofline(&own, g),
+            own: own.clone(),
+            baseline_roofline: roofline(&base, g),
+            baseline: base.clone(),
+            class: SpeedClass {
+                class: PrecisionClass::Bf16x3,
+                baseline: "jax_baseline@x3dlm".into(),
+            },
+            manifest_class: manifest,
+        };
+        for manifest in [
+            None,
+            Some(PrecisionClass::F32),
+            Some(PrecisionClass::Bf16x3),
+        ] {
+            let r = m(manifest).judge(1.0);
+            assert!(r.passed, "{}", r.message);
+            assert!(
+                r.message
+                    .contains("/ jax_baseline@x3dlm (the bf16x3 class's baseline) "),
+                "{}",
+                r.message
+            );
+            assert_eq!(r.manifest_class, None);
+            assert_eq!(r.class.as_ref().unwrap().class, PrecisionClass::Bf16x3);
+        }
+        let r = m(Some(PrecisionClass::Bf16)).judge(1.0);
+        assert!(!r.passed && r.ratio < 1.0, "{}", r.message);
+        assert_eq!(r.manifest_class, Some(PrecisionClass::Bf16));
+        assert!(r.message.contains("make it class bf16"), "{}", r.message);
     }
 
     #[test]

@@ -1,19 +1,34 @@
 //! The time–memory front of `grpo-suite report`: for the fused cases at the seeds' shape
-//! (T = 8192, H = 4096; else the largest single-device fused case of the record), peak
-//! HBM over the floor against roofline time over jax_baseline's, one point per
-//! implementation and option set, one colour per TPU generation (plotters, SVG), and the
-//! same figures as a table. Only compiler figures for a TPU count (a `libtpu` memory
+//! (T = 8192, H = 4096; else the largest single-device fused case of the record), one
+//! front per precision class (docs/spec.md, "Precision classes"): peak HBM over the floor
+//! against roofline time over the class's own baseline's (jax_baseline computing dz as
+//! the class does), one point per implementation and option set, one colour per TPU
+//! generation (plotters, SVG), and the same figures as a table. A trial belongs to the
+//! class its speed is compared within (`speed_class`; a record from before the classes:
+//! `bf16`, against jax_baseline). Only compiler figures for a TPU count (a `libtpu` memory
 //! source and a derived roofline): XLA:CPU's peak is its floor and says nothing.
 
 use super::chart::{self, Frame, Legend};
-use crate::cost::speed::BASELINE;
+use crate::cost::speed::{SpeedClass, BASELINE};
+use crate::precision_class::PrecisionClass;
 use crate::runner::TrialOutcome;
 use plotters::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// One implementation's place on the front: (backend, implementation, roofline over
-/// jax_baseline's on the same backend and case, peak over floor, verdict label).
+/// One implementation's place on the front: (backend, implementation, roofline over its
+/// class's baseline's on the same backend and case, peak over floor, verdict label).
 pub type Point = (String, String, f64, f64, String);
+
+/// A front: a case and a class, with the class's baseline's name, strictest class first.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Front {
+    /// The case id.
+    pub case: String,
+    /// The class (reversed order: the strictest sorts first).
+    pub class: std::cmp::Reverse<PrecisionClass>,
+    /// The class's baseline's name.
+    pub baseline: String,
+}
 
 /// (B, T, V, H) from a case id's `b.._t.._v.._h..` part.
 fn shape(case: &str) -> Option<[u64; 4]> {
@@ -37,24 +52,58 @@ fn peak_over_floor(o: &TrialOutcome) -> Option<f64> {
     Some(m.peak_bytes? as f64 / m.floor_bytes.filter(|&f| f > 0)? as f64)
 }
 
-/// The points of every case on the front: the seeds' shape (T = 8192, H = 4096) where
-/// the record has it, else the largest single-device fused case; a case needs
-/// jax_baseline and one other implementation placed on one backend.
-pub fn points(trials: &[&TrialOutcome]) -> BTreeMap<String, Vec<Point>> {
+/// The class a trial's speed is compared within (a record from before the classes:
+/// `bf16` against jax_baseline).
+pub(crate) fn class_of(o: &TrialOutcome) -> SpeedClass {
+    o.speed_class.clone().unwrap_or_else(|| SpeedClass {
+        class: PrecisionClass::Bf16,
+        baseline: BASELINE.into(),
+    })
+}
+
+/// The points of every front: per case and class, each trial placed against its class's
+/// baseline on the same backend and case (that baseline's trial, else the baseline's
+/// roofline its speed budget was judged with). The seeds' shape (T = 8192, H = 4096)
+/// where the record has it, else the largest single-device fused case; a front needs one
+/// implementation placed besides its baseline.
+pub fn points(trials: &[&TrialOutcome]) -> BTreeMap<Front, Vec<Point>> {
     let placed: Vec<(&TrialOutcome, f64, f64)> = trials
         .iter()
         .filter(|o| o.case.starts_with("fused/") && !o.case.contains("/d"))
         .filter_map(|o| Some((*o, o.roofline.as_ref()?.time_s, peak_over_floor(o)?)))
         .collect();
-    let base: BTreeMap<(&str, &str), f64> = placed
+    let roofline_of: BTreeMap<(&str, &str, &str), f64> = placed
         .iter()
-        .filter(|(o, ..)| o.implementation == BASELINE)
-        .map(|(o, t, _)| ((o.backend.as_str(), o.case.as_str()), *t))
+        .map(|(o, t, _)| {
+            (
+                (
+                    o.backend.as_str(),
+                    o.case.as_str(),
+                    o.implementation.as_str(),
+                ),
+                *t,
+            )
+        })
         .collect();
-    let mut by_case: BTreeMap<String, Vec<Point>> = BTreeMap::new();
+    let mut fronts: BTreeMap<Front, Vec<Point>> = BTreeMap::new();
     for (o, t, pf) in &placed {
-        if let Some(b) = base.get(&(o.backend.as_str(), o.case.as_str())) {
-            by_case.entry(o.case.clone()).or_default().push((
+        let sc = class_of(o);
+        let base = roofline_of
+            .get(&(o.backend.as_str(), o.case.as_str(), sc.baseline.as_str()))
+            .copied()
+            .or_else(|| {
+                o.speed
+                    .as_ref()
+                    .filter(|s| s.class.as_ref().is_none_or(|c| *c == sc))
+                    .map(|s| s.baseline_roofline_s)
+            });
+        if let Some(b) = base {
+            let front = Front {
+                case: o.case.clone(),
+                class: std::cmp::Reverse(sc.class),
+                baseline: sc.baseline.clone(),
+            };
+            fronts.entry(front).or_default().push((
                 o.backend.clone(),
                 o.implementation.clone(),
                 t / b,
@@ -63,39 +112,44 @@ pub fn points(trials: &[&TrialOutcome]) -> BTreeMap<String, Vec<Point>> {
             ));
         }
     }
-    by_case.retain(|_, pts| pts.iter().any(|p| p.1 != BASELINE));
-    let seeds: BTreeSet<String> = by_case
+    fronts.retain(|f, pts| pts.iter().any(|p| p.1 != f.baseline));
+    let seeds: BTreeSet<String> = fronts
         .keys()
+        .map(|f| f.case.clone())
         .filter(|c| matches!(shape(c), Some([_, 8192, _, 4096])))
-        .cloned()
         .collect();
     let keep: BTreeSet<String> = if !seeds.is_empty() {
         seeds
     } else {
-        by_case
+        fronts
             .keys()
+            .map(|f| f.case.clone())
             .max_by_key(|c| shape(c).map_or(0, |s| s.iter().product::<u64>()))
             .into_iter()
-            .cloned()
             .collect()
     };
-    by_case.retain(|c, _| keep.contains(c));
-    by_case
+    fronts.retain(|f, _| keep.contains(&f.case));
+    fronts
 }
 
 /// The front section's heading and what it shows.
-const HEAD: &str = "<h2>Time–memory front</h2><p>Per device, deviceless TPU compiles: peak HBM over the floor (arguments + outputs) against the derived roofline over jax_baseline's on the same generation; lower left is better, jax_baseline sits at 1 on the x axis.</p>";
+const HEAD: &str = "<h2>Time–memory front</h2><p>Per device, deviceless TPU compiles, one front per precision class: peak HBM over the floor (arguments + outputs) against the derived roofline over the class's own baseline's (jax_baseline computing dz as the class does) on the same generation; lower left is better, the baseline sits at 1 on the x axis.</p>";
 
 /// The front's HTML section (one plot and table per case), `None` when no case has
 /// jax_baseline and another implementation placed.
 pub fn section(trials: &[&TrialOutcome]) -> Option<String> {
-    super::html_section(HEAD, &points(trials), |html, case, pts| {
+    super::html_section(HEAD, &points(trials), |html, front, pts| {
         html.push_str(&format!(
-            "<h3><code>{}</code></h3>",
-            crate::report::esc_html(case)
+            "<h3>Class {} against <code>{}</code>: <code>{}</code></h3>",
+            front.class.0,
+            crate::report::esc_html(&front.baseline),
+            crate::report::esc_html(&front.case)
         ));
-        html.push_str(&svg(case, pts).unwrap_or_default());
-        html.push_str("<table><tr><th>generation</th><th>implementation</th><th>roofline × jax_baseline</th><th>peak / floor</th><th>verdict</th></tr>");
+        html.push_str(&svg(front, pts).unwrap_or_default());
+        html.push_str(&format!(
+            "<table><tr><th>generation</th><th>implementation</th><th>roofline × {}</th><th>peak / floor</th><th>verdict</th></tr>",
+            crate::report::esc_html(&front.baseline)
+        ));
         for (b, i, x, y, v) in pts {
             html.push_str(&format!(
                 "<tr><td>{}</td><td><code>{}</code></td><td>{x:.2}</td><td>{y:.2}</td><td>{}</td></tr>",
@@ -108,9 +162,10 @@ pub fn section(trials: &[&TrialOutcome]) -> Option<String> {
     })
 }
 
-/// The front's plot at `case`: a point per implementation and option set, a colour per
-/// generation, jax_baseline's time and the floor dashed.
-fn svg(case: &str, pts: &[Point]) -> Option<String> {
+/// The plot of `front`: a point per implementation and option set, a colour per
+/// generation, the class baseline's time and the floor dashed.
+fn svg(front: &Front, pts: &[Point]) -> Option<String> {
+    let case = front.case.as_str();
     let xmax = pts.iter().fold(1.0f64, |a, p| a.max(p.2)) * 1.15;
     let ymax = pts.iter().fold(1.0f64, |a, p| a.max(p.3)) * 1.15;
     let backends: BTreeSet<&str> = pts.iter().map(|p| p.0.as_str()).collect();
@@ -122,7 +177,8 @@ fn svg(case: &str, pts: &[Point]) -> Option<String> {
         x_labels: 45,
         y_labels: 60,
     };
-    let title = format!("Time–memory front at {short}");
+    let title = format!("Time–memory front, class {}, at {short}", front.class.0);
+    let x_label = format!("roofline / {}'s roofline", front.baseline);
     chart::svg(
         frame,
         &title,
@@ -130,13 +186,9 @@ fn svg(case: &str, pts: &[Point]) -> Option<String> {
         0.0..ymax,
         Legend::UpperRight,
         |chart| {
-            chart::axes(
-                chart,
-                "roofline / jax_baseline's roofline",
-                "peak HBM / floor",
-            )
-            .draw()
-            .ok()?;
+            chart::axes(chart, &x_label, "peak HBM / floor")
+                .draw()
+                .ok()?;
             for line in [vec![(1.0, 0.0), (1.0, ymax)], vec![(0.0, 1.0), (xmax, 1.0)]] {
                 chart
                     .draw_series(DashedLineSeries::new(
@@ -197,6 +249,22 @@ mod tests {
         o
     }
 
+    fn front(case: &str, class: PrecisionClass, baseline: &str) -> Front {
+        Front {
+            case: case.into(),
+            class: std::cmp::Reverse(class),
+            baseline: baseline.into(),
+        }
+    }
+
+    fn in_class(mut o: TrialOutcome, class: PrecisionClass, baseline: &str) -> TrialOutcome {
+        o.speed_class = Some(SpeedClass {
+            class,
+            baseline: baseline.into(),
+        });
+        o
+    }
+
     #[test]
     fn the_front_places_each_implementation_against_the_baseline_of_its_generation() {
         let tpu = "libtpu 0.0.42.1 v6e:2x2";
@@ -229,8 +297,9 @@ mod tests {
         ];
         let refs: Vec<&TrialOutcome> = rows.iter().collect();
         let cases = points(&refs);
-        assert_eq!(cases.keys().collect::<Vec<_>>(), vec![SEED]);
-        let pts = &cases[SEED];
+        let bf16 = front(SEED, PrecisionClass::Bf16, BASELINE);
+        assert_eq!(cases.keys().collect::<Vec<_>>(), vec![&bf16]);
+        let pts = &cases[&bf16];
         assert_eq!(pts.len(), 4, "{pts:?}");
         let fast_v6e = pts
             .iter()
@@ -255,7 +324,75 @@ mod tests {
         // Without the seeds' shape the largest case is drawn; without another
         // implementation nothing is.
         let mid: Vec<&TrialOutcome> = rows[6..].iter().collect();
-        assert_eq!(points(&mid).keys().collect::<Vec<_>>(), vec![MID]);
+        assert_eq!(
+            points(&mid)
+                .keys()
+                .map(|f| f.case.as_str())
+                .collect::<Vec<_>>(),
+            vec![MID]
+        );
         assert!(section(&mid[..1]).is_none());
+    }
+
+    /// Each class has its own front, each trial placed against its own class's baseline:
+    /// an Adam-safe kernel that ties the bf16x3 baseline sits at 1, not at its ratio to
+    /// the cheaper bf16 baseline; a baseline that is no trial is read from the speed
+    /// report the kernel was judged with.
+    #[test]
+    fn each_class_has_its_front_against_its_own_baseline() {
+        let tpu = "libtpu 0.0.42.1 v6e:2x2";
+        let b3 = PrecisionClass::Bf16x3;
+        let base3 = "jax_baseline@x3dlm";
+        let mut judged = in_class(
+            row("tpu-aot-v5e-2x2", "safe@2", SEED, 0.060, 300, tpu),
+            b3,
+            "jax_baseline@speed-baseline-bf16x3",
+        );
+        judged.speed = Some(crate::cost::speed::SpeedReport {
+            max_roofline_over_baseline: 1.0,
+            generation: "v5e".into(),
+            roofline_s: 0.060,
+            baseline_roofline_s: 0.048,
+            ratio: 1.25,
+            class: judged.speed_class.clone(),
+            manifest_class: None,
+            passed: false,
+            message: String::new(),
+        });
+        let rows = [
+            row("tpu-aot-v6e-2x2", BASELINE, SEED, 0.040, 669, tpu),
+            row("tpu-aot-v6e-2x2", "fast@1", SEED, 0.050, 200, tpu),
+            in_class(
+                row("tpu-aot-v6e-2x2", base3, SEED, 0.050, 900, tpu),
+                b3,
+                base3,
+            ),
+            in_class(
+                row("tpu-aot-v6e-2x2", "safe@1", SEED, 0.050, 300, tpu),
+                b3,
+                base3,
+            ),
+            judged,
+        ];
+        let refs: Vec<&TrialOutcome> = rows.iter().collect();
+        let fronts = points(&refs);
+        let f3 = front(SEED, b3, base3);
+        let f1 = front(SEED, PrecisionClass::Bf16, BASELINE);
+        let f3s = front(SEED, b3, "jax_baseline@speed-baseline-bf16x3");
+        // The strictest class first.
+        assert_eq!(fronts.keys().collect::<Vec<_>>(), vec![&f3s, &f3, &f1]);
+        let safe = fronts[&f3].iter().find(|p| p.1 == "safe@1").unwrap();
+        assert!((safe.2 - 1.0).abs() < 1e-12, "{safe:?}");
+        assert!(!fronts[&f1].iter().any(|p| p.1 == "safe@1"));
+        let fast = fronts[&f1].iter().find(|p| p.1 == "fast@1").unwrap();
+        assert!((fast.2 - 1.25).abs() < 1e-12, "{fast:?}");
+        assert!((fronts[&f3s][0].2 - 1.25).abs() < 1e-12);
+        let html = section(&refs).unwrap();
+        assert!(
+            html.contains("Class bf16x3 against <code>jax_baseline@x3dlm</code>")
+                && html.contains("roofline × jax_baseline@x3dlm")
+                && html.contains("class bf16x3"),
+            "{html}"
+        );
     }
 }

@@ -536,7 +536,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
             "roofline",
             "bound",
             "matmuls / passes",
-            "× jax_baseline",
+            "× class baseline",
             "measured / roofline",
             "verdict",
         ],
@@ -627,7 +627,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         let _ = write!(html, "<h2>Sweep</h2>{svg}");
     }
     if !speed.is_empty() {
-        let _ = write!(html, "<h2>Speed: derived roofline per device</h2><p>max(MXU, HBM time) + Pallas grid steps × 0.43 µs, from FLOPs and bytes the suite derives (docs/tpu.md \"Cost and roofline\"); matmuls: logits-sized matmuls (fused), passes: over the logits (lp) or the floor (fp).</p><table><tr><th>case</th><th>trial</th><th>generation</th><th>roofline</th><th>bound</th><th>matmuls / passes</th><th>× jax_baseline</th><th>measured / roofline</th><th>verdict</th></tr>");
+        let _ = write!(html, "<h2>Speed: derived roofline per device</h2><p>max(MXU, HBM time) + Pallas grid steps × 0.43 µs, from FLOPs and bytes the suite derives (docs/tpu.md \"Cost and roofline\"); matmuls: logits-sized matmuls (fused), passes: over the logits (lp) or the floor (fp); × class baseline: against jax_baseline, or the baseline of the precision class the trial's speed is compared within where named.</p><table><tr><th>case</th><th>trial</th><th>generation</th><th>roofline</th><th>bound</th><th>matmuls / passes</th><th>× class baseline</th><th>measured / roofline</th><th>verdict</th></tr>");
         for r in &speed {
             let _ = write!(
                 html,

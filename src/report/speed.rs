@@ -10,15 +10,20 @@ use plotters::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One table row per trial with a roofline: [case, trial, generation, roofline, bound,
-/// matmuls / passes, × jax_baseline, measured / roofline, verdict].
+/// matmuls / passes, × its class's baseline (`1.00 (bf16x3, jax_baseline@x3dlm)` past `bf16`),
+/// measured / roofline, verdict].
 pub fn rows(trials: &[&TrialOutcome]) -> Vec<[String; 9]> {
-    // jax_baseline's roofline per (backend, case): the reference every ratio is against.
-    let base: BTreeMap<(&str, &str), f64> = trials
+    // Every roofline per (backend, case, implementation): each ratio is against the
+    // trial's precision class's baseline on the same backend and case.
+    let base: BTreeMap<(&str, &str, &str), f64> = trials
         .iter()
-        .filter(|o| o.implementation == crate::cost::speed::BASELINE)
         .filter_map(|o| {
             Some((
-                (o.backend.as_str(), o.case.as_str()),
+                (
+                    o.backend.as_str(),
+                    o.case.as_str(),
+                    o.implementation.as_str(),
+                ),
                 o.roofline.as_ref()?.time_s,
             ))
         })
@@ -29,15 +34,22 @@ pub fn rows(trials: &[&TrialOutcome]) -> Vec<[String; 9]> {
             let r = o.roofline.as_ref()?;
             let d = o.derived.as_ref();
             let size = d.map_or("-".into(), |d| d.summary());
+            let class = super::front::class_of(o);
             let ratio = o
                 .speed
                 .as_ref()
                 .map(|s| s.ratio)
                 .or_else(|| {
-                    base.get(&(o.backend.as_str(), o.case.as_str()))
+                    base.get(&(o.backend.as_str(), o.case.as_str(), class.baseline.as_str()))
                         .map(|b| r.time_s / b)
                 })
-                .map_or("-".into(), |x| format!("{x:.2}"));
+                .map_or("-".into(), |x| {
+                    if class.baseline == crate::cost::speed::BASELINE {
+                        format!("{x:.2}")
+                    } else {
+                        format!("{x:.2} ({}, {})", class.class, class.baseline)
+                    }
+                });
             let eff = o
                 .efficiency
                 .as_ref()

@@ -13,9 +13,10 @@ use crate::backends::{Backend, Refusal, RunOptions, RunResult, Timing};
 use crate::cases::Case;
 use crate::config::entry::ImplConfig;
 use crate::cost::roofline::{generation_of_topology, roofline, Generation};
-use crate::cost::speed::BASELINE;
+use crate::cost::speed::{SpeedClass, BASELINE};
 use crate::cost::{DerivedCost, COST_MODEL_VERSION};
 use crate::inputs::Inputs;
+use crate::precision_class::PrecisionClass;
 use anyhow::{anyhow, bail, Context, Result};
 use grpo_pjrt::proto::OptionOverrideValue;
 use grpo_pjrt::{Plugin, Program, Topology};
@@ -147,7 +148,9 @@ fn compile_lock() -> &'static Mutex<()> {
 }
 
 /// jax_baseline's derived cost per case id, each computed by the first trial that needs it.
-type BaselineCosts = Mutex<HashMap<String, Arc<OnceLock<Result<DerivedCost, String>>>>>;
+/// A baseline's derived cost per (case id, precision class), each computed once.
+type BaselineCosts =
+    Mutex<HashMap<(String, PrecisionClass), Arc<OnceLock<Result<DerivedCost, String>>>>>;
 
 /// Compile results per exported module file, each computed by the first trial that needs
 /// it (`Err`: the compiler's message).
@@ -161,7 +164,7 @@ pub struct TpuAot {
     version: String,
     impls: Vec<ImplConfig>,
     exporter: Arc<Exporter>,
-    /// jax_baseline's derived cost per case id (speed budgets), computed once.
+    /// Each class's jax_baseline's derived cost per case id (speed budgets), computed once.
     baselines: BaselineCosts,
     /// Compile results per module: cases that differ only in their data (profile, mask,
     /// advantages) export the same module (the artifact directory is keyed by the export
@@ -344,23 +347,28 @@ impl TpuAot {
         generation_of_topology(&self.topology)
     }
 
-    /// The once-cell of jax_baseline's derived cost on case `id` (shared by the baseline's
-    /// own trial and the speed budgets of the case).
-    fn baseline_cell(&self, id: &str) -> Arc<OnceLock<Result<DerivedCost, String>>> {
+    /// The once-cell of `class`'s jax_baseline's derived cost on case `id` (shared by the
+    /// baseline's own trial and the speed budgets of the case).
+    fn baseline_cell(
+        &self,
+        id: &str,
+        class: PrecisionClass,
+    ) -> Arc<OnceLock<Result<DerivedCost, String>>> {
         self.baselines
             .lock()
             .unwrap()
-            .entry(id.to_string())
+            .entry((id.to_string(), class))
             .or_default()
             .clone()
     }
 
-    /// jax_baseline's derived cost on `case` and this topology (computed once per case and
-    /// process, and kept on disk next to the baseline's export).
-    fn baseline_cost(&self, case: &Case) -> Result<DerivedCost, String> {
-        let cell = self.baseline_cell(&case.id);
+    /// `class`'s jax_baseline's derived cost on `case` and this topology (computed once
+    /// per case, class and process, and kept on disk next to the baseline's export).
+    fn baseline_cost(&self, case: &Case, class: PrecisionClass) -> Result<DerivedCost, String> {
+        let cell = self.baseline_cell(&case.id, class);
         cell.get_or_init(|| {
-            let base = self.baseline_entry();
+            let base = self.baseline_entry(class);
+            let name = base.display_name().to_string();
             let (module, manifest) = match self
                 .exporter
                 .get(&base, case)
@@ -368,14 +376,14 @@ impl TpuAot {
             {
                 Exported::Ready { module, manifest } => (module, manifest),
                 Exported::Unsupported(r) | Exported::NotApplicable(r) => {
-                    return Err(format!("{BASELINE} does not support the case: {r}"))
+                    return Err(format!("{name} does not support the case: {r}"))
                 }
                 Exported::BreaksContract(m) => {
                     return Err(format!(
-                        "the speed reference {BASELINE} breaks SPEC's output contract: {m}"
+                        "the speed reference {name} breaks SPEC's output contract: {m}"
                     ))
                 }
-                Exported::Failed(e) => return Err(format!("the speed reference {BASELINE}: {e}")),
+                Exported::Failed(e) => return Err(format!("the speed reference {name}: {e}")),
             };
             let cached = module.with_file_name(format!(
                 "derived-{}-libtpu{}-v{COST_MODEL_VERSION}.json",
@@ -390,7 +398,7 @@ impl TpuAot {
             }
             let d = self
                 .derive_only(&module, &manifest)
-                .map_err(|e| format!("{BASELINE}: {e}"))?;
+                .map_err(|e| format!("{name}: {e}"))?;
             if let Ok(text) = serde_json::to_string(&d) {
                 super::export::write_atomically(&cached, &text);
             }
@@ -399,19 +407,52 @@ impl TpuAot {
         .clone()
     }
 
-    /// The jax_baseline entry speed budgets compare against: the configured one with
-    /// default options if there is one (so its export is shared), else a synthesized one.
-    fn baseline_entry(&self) -> ImplConfig {
+    /// The class `imp`'s speed on `case` is compared within: the class its entry must
+    /// reach on the case's dtype (the configuration's rule is folded into each entry).
+    fn speed_class_of(&self, imp: &ImplConfig, case: &Case) -> SpeedClass {
+        let class =
+            crate::precision_class::required(imp.min_precision_class.as_ref(), None, case.dtype);
+        SpeedClass {
+            class,
+            baseline: self.baseline_entry(class).display_name().to_string(),
+        }
+    }
+
+    /// The jax_baseline entry `class`'s speed budgets compare against: a configured one
+    /// with the class's `dz_precision` and no other option (so its export and compile are
+    /// shared), else a synthesized one, `jax_baseline@speed-baseline` (`-CLASS` past
+    /// `bf16`).
+    fn baseline_entry(&self, class: PrecisionClass) -> ImplConfig {
         self.impls
             .iter()
-            .find(|c| c.id == BASELINE && c.options.is_empty() && !c.is_external())
+            .find(|c| is_baseline_of(c, class))
             .cloned()
             .unwrap_or_else(|| {
                 let mut c = crate::config::entry::ImplEntry::Id(BASELINE.into()).resolved();
-                c.name = Some(format!("{BASELINE}@speed-baseline"));
+                let dz = class.baseline_dz_precision();
+                c.name = Some(match dz {
+                    "default" => format!("{BASELINE}@speed-baseline"),
+                    _ => format!("{BASELINE}@speed-baseline-{class}"),
+                });
+                if dz != "default" {
+                    c.options.insert("dz_precision".into(), dz.into());
+                }
                 c
             })
     }
+}
+
+/// Whether `c` is `class`'s baseline: jax_baseline (the suite's own) with the class's
+/// `dz_precision` (absent: `default`) and no other option.
+fn is_baseline_of(c: &ImplConfig, class: PrecisionClass) -> bool {
+    let dz = c
+        .options
+        .get("dz_precision")
+        .map_or(Some("default"), |v| v.as_str());
+    c.id == BASELINE
+        && !c.is_external()
+        && c.options.keys().all(|k| k == "dz_precision")
+        && dz == Some(class.baseline_dz_precision())
 }
 
 /// The suite's derived cost of a compiled executable: its optimized HLO walked with the
@@ -471,16 +512,18 @@ impl Backend for TpuAot {
 
     fn prepare(&self, work: &[(&str, &Case)]) -> Result<()> {
         // Speed budgets compare with jax_baseline on the same case: export it in the batch.
-        let base = self.baseline_entry();
+        let mut bases: Vec<(ImplConfig, &Case)> = Vec::new();
         let mut w: Vec<(&ImplConfig, &Case)> = Vec::new();
         for (n, c) in work {
             if let Some(o) = super::export::find(&self.impls, n) {
                 w.push((o, *c));
                 if !matches!(o.speed_budget_on(&c.id, &self.topology), Ok(None)) {
-                    w.push((&base, *c));
+                    let class = self.speed_class_of(o, c).class;
+                    bases.push((self.baseline_entry(class), *c));
                 }
             }
         }
+        w.extend(bases.iter().map(|(b, c)| (b, *c)));
         self.exporter.ensure(&w)
     }
 
@@ -518,13 +561,17 @@ impl Backend for TpuAot {
         if let (Some(d), Some(g)) = (&res.derived, generation) {
             res.roofline = Some(roofline(d, g));
         }
-        if imp.id == BASELINE && imp.options.is_empty() && !imp.is_external() {
-            if let Some(d) = &res.derived {
-                // Shared with this case's speed budgets (no second compile).
-                let cell = self.baseline_cell(&case.id);
-                cell.get_or_init(|| Ok(d.clone()));
+        if let Some(d) = &res.derived {
+            for class in PrecisionClass::STRICT_FIRST {
+                if is_baseline_of(imp, class) {
+                    // Shared with this case's speed budgets (no second compile).
+                    let cell = self.baseline_cell(&case.id, class);
+                    cell.get_or_init(|| Ok(d.clone()));
+                }
             }
         }
+        let class = self.speed_class_of(imp, case);
+        res.speed_class = Some(class.clone());
         let budget = imp
             .speed_budget_on(&case.id, &self.topology)
             .map_err(|e| anyhow!("speed budget of {}: {e}", imp.display_name()))?;
@@ -536,13 +583,15 @@ impl Backend for TpuAot {
                     res.cost_error.clone().unwrap_or_default()
                 )
             })?;
-            let base = self.baseline_cost(case).map_err(|e| anyhow!("a speed budget is configured but jax_baseline's cost on the case is not available: {e}"))?.with_ratios(case, None);
+            let base = self.baseline_cost(case, class.class).map_err(|e| anyhow!("a speed budget is configured but {}'s cost on the case is not available: {e}", class.baseline))?.with_ratios(case, None);
             let _ = max;
             res.speed = Some(crate::cost::speed::SpeedMeasure {
                 own: own.clone(),
                 own_roofline: roofline(own, g),
                 baseline_roofline: roofline(&base, g),
                 baseline: base,
+                manifest_class: res.precision.as_ref().map(|p| p.expected_class()),
+                class,
             });
         }
         Ok(res)

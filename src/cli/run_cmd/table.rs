@@ -89,7 +89,8 @@ pub(super) fn summarize(
     Ok(())
 }
 
-/// The roofline column: `v6e 62.41ms HBM 5.00mm 39.0fp, 1.34×base (≤1)`, `not derived`
+/// The roofline column: `v6e 62.41ms HBM 5.00mm 39.0fp, 1.34×base (≤1)` (`1.00×bf16x3 base`
+/// against another class's baseline), `not derived`
 /// when the cost could not be derived, `-` for trials without a TPU compile.
 pub fn roofline_cell(o: &TrialOutcome) -> String {
     use grpo_conformance::cost::roofline::{human_time, Bound};
@@ -106,8 +107,14 @@ pub fn roofline_cell(o: &TrialOutcome) -> String {
                 d.summary()
             );
             if let Some(s) = &o.speed {
+                // The class baseline where it is not jax_baseline as it is.
+                let class = s
+                    .class
+                    .as_ref()
+                    .filter(|c| c.baseline != grpo_conformance::cost::speed::BASELINE)
+                    .map_or(String::new(), |c| format!("{} ", c.class));
                 cell.push_str(&format!(
-                    ", {:.2}×base (≤{})",
+                    ", {:.2}×{class}base (≤{})",
                     s.ratio, s.max_roofline_over_baseline
                 ));
             }
