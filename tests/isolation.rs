@@ -403,6 +403,16 @@ fn a_records_file_has_one_writer_and_workers_end_with_their_run() {
     {
         use std::os::unix::process::CommandExt;
         again.process_group(0);
+        // A terminal's shell starts a foreground job with SIGINT at its default; this test
+        // may itself run with SIGINT ignored (a background job of a shell without job
+        // control, `nohup … &`), which exec would pass on to the run.
+        // SAFETY: signal() is async-signal-safe.
+        unsafe {
+            again.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
     }
     let mut second = hanging(again);
     Command::new("kill")
