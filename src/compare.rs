@@ -453,6 +453,7 @@ mod tests {
                 required_class: Some(Bf16),
                 sign_agreement: None,
                 expected_class: None,
+                left_out: Vec::new(),
             });
             r.trials.insert(o.name.clone(), o);
             r

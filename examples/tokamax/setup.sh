@@ -1,49 +1,5 @@
 #!/usr/bin/env bash
 # Builds the pinned Python 3.12 environment of the tokamax example once (.venvs/tokamax,
-# from requirements.lock: tokamax 0.0.17 from PyPI, jax 0.11.2) and installs the suite's
-# grpo_jax into it, editable (hatchling builds out of tree: the checkout stays unchanged),
-# so it always exports this checkout's sources. Idempotent: a stamp of the lock file skips
-# the work when nothing changed.
-#
-# Exit status 0 ready; 3 PyPI is unreachable or no Python 3.12 (the one line says which:
-# scripts/nightly.sh then skips the example with that reason); anything else a failure.
-set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$root"
-venv=".venvs/tokamax"
-lock="examples/tokamax/requirements.lock"
-stamp="$venv/.lock-$(cat "$lock" backends/jax/pyproject.toml | sha256sum | cut -c1-16)"
-# grpo_jax is installed editable (a .pth entry for backends/jax), so the venv exports this
-# checkout's sources as they are; a venv made with a copy of them is switched over once.
-editable() {
-  "$venv/bin/python" -c 'import importlib.util as u, os, sys; sys.exit(os.path.realpath(list(u.find_spec("grpo_jax").submodule_search_locations)[0]) != os.path.realpath("backends/jax/grpo_jax"))' 2>/dev/null
-}
-install_grpo_jax() {
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e backends/jax
-}
-if [ -f "$stamp" ]; then
-  editable || install_grpo_jax
-  exit 0
-fi
-py="${GRPO_TOKAMAX_PYTHON:-}"
-if [ -z "$py" ]; then
-  for c in python3.12 "$(pyenv root 2>/dev/null)/versions/"3.12*/bin/python; do
-    if [ -x "$(command -v "$c" 2>/dev/null || echo "$c")" ] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
-      py="$c"; break
-    fi
-  done
-fi
-if [ -z "$py" ]; then
-  echo "skip: examples/tokamax needs Python 3.12 (tokamax 0.0.17 requires it): none found (python3.12, pyenv); set GRPO_TOKAMAX_PYTHON" >&2
-  exit 3
-fi
-if ! "$py" -c 'import urllib.request; urllib.request.urlopen("https://pypi.org/simple/tokamax/", timeout=15)' 2>/dev/null; then
-  echo "skip: examples/tokamax: PyPI (https://pypi.org/simple/tokamax/) is unreachable; the example's venv cannot be built" >&2
-  exit 3
-fi
-echo "[tokamax] creating $venv from $lock with $("$py" --version 2>&1)" >&2
-rm -rf "$venv"
-"$py" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$lock"
-install_grpo_jax
-touch "$stamp"
+# from requirements.lock: tokamax 0.0.17 from PyPI, jax 0.11.2) with grpo_jax installed
+# editable; exit 3 (with the reason) when Python 3.12 or PyPI is missing.
+exec "$(dirname "${BASH_SOURCE[0]}")/../../scripts/example_venv.sh" tokamax tokamax

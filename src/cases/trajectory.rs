@@ -70,7 +70,7 @@ pub fn memory_estimate(steps: usize) -> u64 {
         drift_implementation: 1.234_567_890_123_456_7e-100,
         clipped_fraction: 0.123_456_789_012_345_67,
         travelled: 0.123_456_789_012_345_67,
-        branch_flips: usize::MAX / 2,
+        branch_flips: Some(usize::MAX / 2),
         ambiguous_flips: usize::MAX / 2,
         sign_flips: usize::MAX / 2,
     };

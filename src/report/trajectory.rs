@@ -253,7 +253,7 @@ mod tests {
                 drift_implementation: drift,
                 clipped_fraction: 0.1,
                 travelled: 0.01,
-                branch_flips: 0,
+                branch_flips: Some(0),
                 ambiguous_flips: 0,
                 sign_flips: 0,
             })
@@ -278,6 +278,7 @@ mod tests {
             required_class: None,
             sign_agreement: None,
             expected_class: None,
+            left_out: Vec::new(),
         }
     }
 

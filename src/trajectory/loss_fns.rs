@@ -19,12 +19,13 @@ use std::sync::Arc;
 pub struct Eval {
     /// Loss.
     pub loss: f64,
-    /// [B,T] per-token logp (the rollout's old_logp).
-    pub logp: Vec<f32>,
+    /// [B,T] per-token logp (the rollout's old_logp); None when the implementation
+    /// declares it not provided (a whole-loss library that exposes no per-token logp).
+    pub logp: Option<Vec<f32>>,
     /// [H,V] gradient w.r.t. the LM head, as returned (case dtype values).
     pub dlm_head: Vec<f32>,
-    /// [B,T] clipped indicator (0/1).
-    pub clipped: Vec<f32>,
+    /// [B,T] clipped indicator (0/1); None when declared not provided.
+    pub clipped: Option<Vec<f32>>,
 }
 
 /// One evaluation of the loss at the parameters in `inputs.lm_head`.
@@ -45,12 +46,21 @@ fn output(o: &Outputs, name: OutputName) -> Result<&[f32]> {
         .ok_or_else(|| anyhow!("the implementation returned no `{name}`"))
 }
 
-fn eval_of(o: &Outputs) -> Result<Eval> {
+/// An output the loop can do without: None when the implementation declares it not
+/// provided, an error when it is missing undeclared.
+fn optional(o: &Outputs, name: OutputName) -> Result<Option<Vec<f32>>> {
+    if o.not_provided.contains(&name) {
+        return Ok(None);
+    }
+    output(o, name).map(|x| Some(x.to_vec()))
+}
+
+pub(crate) fn eval_of(o: &Outputs) -> Result<Eval> {
     Ok(Eval {
         loss: output(o, OutputName::Loss)?[0] as f64,
-        logp: output(o, OutputName::PerTokenLogp)?.to_vec(),
+        logp: optional(o, OutputName::PerTokenLogp)?,
         dlm_head: output(o, OutputName::DlmHead)?.to_vec(),
-        clipped: output(o, OutputName::Clipped)?.to_vec(),
+        clipped: optional(o, OutputName::Clipped)?,
     })
 }
 

@@ -67,6 +67,10 @@ pub struct TrajectoryRecord {
     /// [`crate::precision::PrecisionReport::expected_class`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_class: Option<PrecisionClass>,
+    /// Figures left out, each with why (an implementation that gives no `clipped` or no
+    /// `per_token_logp`: a whole-loss library). Never an error.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<String>,
 }
 
 /// The gate against one precision class's honest loop.
@@ -143,8 +147,13 @@ impl TrajectoryRecord {
             ),
             _ => String::new(),
         };
+        let left_out = if self.left_out.is_empty() {
+            String::new()
+        } else {
+            format!("; left out: {}", self.left_out.join("; "))
+        };
         format!(
-            "{head}{manifest}; drift/bound per class: {per_class}; against the {required} loop: {}",
+            "{head}{manifest}; drift/bound per class: {per_class}; against the {required} loop: {}{left_out}",
             self.required_judgement().message
         )
     }
@@ -217,6 +226,7 @@ pub fn execute(
         required_class: Some(required),
         sign_agreement: Some(series.sign_agreement.1),
         expected_class: None,
+        left_out: series.left_out,
     })
 }
 

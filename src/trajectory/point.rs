@@ -30,10 +30,12 @@ pub struct StepPoint {
     #[serde(deserialize_with = "crate::gates::nan_if_null")]
     pub travelled: f64,
     /// Unmasked tokens whose clip decision differs between the implementation and the
-    /// plain-f32 reference at this step.
-    pub branch_flips: usize,
+    /// plain-f32 reference at this step (None: not counted, the implementation gives no
+    /// `clipped`; the record's `left_out` says so).
+    pub branch_flips: Option<usize>,
     /// Of those, the ones where a branch edge lies between the two loops' log-ratios (or
     /// within `oracle::EDGE_BAND` of them): either branch is right, the trajectories part.
+    /// Without `clipped`: every token with such an edge (it may have flipped).
     pub ambiguous_flips: usize,
     /// dlm_head elements whose sign differs between the implementation and the plain-f32
     /// reference at this step (what a sign-like update, Adam's early steps, follows).

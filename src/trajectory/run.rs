@@ -26,27 +26,36 @@ pub fn drift(a: &[f32], b: &[f64]) -> f64 {
 /// Clip decisions of the implementation that differ from the reference's (unmasked
 /// tokens), and how many of them may legitimately differ: a branch edge lies between (or
 /// within `oracle::EDGE_BAND` of) the two loops' own log-ratios for the token.
+///
+/// Without both loops' `clipped` the decisions cannot be compared: the count of flips is
+/// None (left out, [`Series::left_out`] says why), and the legitimate ones are the tokens
+/// that may have flipped, those with an edge between the two log-ratios (0 without both
+/// loops' logp: nothing is known of the implementation's ratios).
 fn flips(
     p: &Problem,
     data: &Inputs,
     (old_r, r): (&[f32], &Eval),
     (old_i, i): (&[f32], &Eval),
-) -> (usize, usize) {
+) -> (Option<usize>, usize) {
     let t_n = p.case.shape.t;
+    let (Some(lp_r), Some(lp_i)) = (&r.logp, &i.logp) else {
+        return (None, 0);
+    };
+    let clipped = r.clipped.as_ref().zip(i.clipped.as_ref());
     let mut n = 0;
     let mut legit = 0;
     for k in 0..data.mask.len() {
-        if data.mask[k] == 0.0 || r.clipped.get(k) == i.clipped.get(k) {
+        if data.mask[k] == 0.0 || clipped.is_some_and(|(a, b)| a[k] == b[k]) {
             continue;
         }
         n += 1;
-        let lr = r.logp[k] as f64 - old_r[k] as f64;
-        let li = i.logp[k] as f64 - old_i[k] as f64;
+        let lr = lp_r[k] as f64 - old_r[k] as f64;
+        let li = lp_i[k] as f64 - old_i[k] as f64;
         if crate::oracle::branch_ambiguous(lr, li, data.advantages[k / t_n] as f64, &p.case.knobs) {
             legit += 1;
         }
     }
-    (n, legit)
+    (clipped.map(|_| n), legit)
 }
 
 fn norm(x: &[f64]) -> f64 {
@@ -71,12 +80,14 @@ struct F32Loop<'a> {
 }
 
 impl F32Loop<'_> {
-    fn rollout(&mut self, p: &Problem, data: &Inputs) -> Result<()> {
+    /// The loop's own logp at its parameters becomes its old_logp; an implementation that
+    /// gives no logp takes `exact`, the exact loop's.
+    fn rollout(&mut self, p: &Problem, data: &Inputs, exact: &[f32]) -> Result<()> {
         let e = self.loss.eval(
             &p.case,
             &with_params(data, &data.ref_logp, &self.theta, &p.case),
         )?;
-        self.old = e.logp;
+        self.old = e.logp.unwrap_or_else(|| exact.to_vec());
         Ok(())
     }
 
@@ -101,8 +112,9 @@ pub struct ClassStep {
     /// ‖θ_class − θ_f64‖ / ‖θ_f64‖ after the step.
     #[serde(deserialize_with = "crate::gates::nan_if_null")]
     pub drift: f64,
-    /// Unmasked tokens the implementation clipped the other way than this loop.
-    pub branch_flips: usize,
+    /// Unmasked tokens the implementation clipped the other way than this loop (None:
+    /// not counted, the implementation gives no `clipped`).
+    pub branch_flips: Option<usize>,
     /// Of those, the ones with a clip edge between the two loops' log-ratios.
     pub ambiguous_flips: usize,
 }
@@ -147,6 +159,9 @@ pub struct Series {
     /// Step 1's dlm_head sign agreement with the exact gradient: the plain-f32
     /// reference's and the implementation's.
     pub sign_agreement: (f64, f64),
+    /// Figures left out and why (an implementation that declares `clipped` or
+    /// `per_token_logp` not provided).
+    pub left_out: Vec<String>,
 }
 
 /// Fraction of `g`'s elements whose sign agrees with `exact`'s (exact zeros skipped).
@@ -206,6 +221,7 @@ pub fn run(
         })
         .collect();
     let mut agreement = (f64::NAN, f64::NAN);
+    let mut left_out = Vec::new();
     let norm0 = norm(&theta_e);
     let mut points = Vec::with_capacity(spec.steps);
     let mut round = 0;
@@ -218,12 +234,13 @@ pub fn run(
             .iter()
             .map(|&x| x as f32)
             .collect();
-        r.rollout(problem, &data).context("plain-f32 reference")?;
+        r.rollout(problem, &data, &old_e)
+            .context("plain-f32 reference")?;
         for (c, l) in names.iter().zip(&mut class_loops) {
-            l.rollout(problem, &data)
+            l.rollout(problem, &data, &old_e)
                 .with_context(|| format!("the {c} class's reference"))?;
         }
-        i.rollout(problem, &data)?;
+        i.rollout(problem, &data, &old_e)?;
         for _ in 0..spec.num_iterations {
             if points.len() == spec.steps {
                 break;
@@ -258,6 +275,7 @@ pub fn run(
                     sign_agreement(&er.dlm_head, &e.grad),
                     sign_agreement(&ei.dlm_head, &e.grad),
                 );
+                left_out = left_out_of(&ei);
             }
             let (branch_flips, ambiguous_flips) =
                 flips(problem, &data, (&r.old, &er), (&i.old, &ei));
@@ -293,5 +311,19 @@ pub fn run(
         points,
         classes: class_series,
         sign_agreement: agreement,
+        left_out,
     })
+}
+
+/// What a trajectory leaves out for an implementation that does not give every output
+/// (a whole-loss library): each figure and why.
+fn left_out_of(e: &Eval) -> Vec<String> {
+    let mut out = Vec::new();
+    if e.logp.is_none() {
+        out.push("the implementation's own logp (it gives no `per_token_logp`): each rollout's old_logp is the exact loop's".to_string());
+    }
+    if e.clipped.is_none() {
+        out.push("branch flips (the implementation gives no `clipped`): not counted; a token with a clip edge between the two loops' log-ratios parts the trajectories".to_string());
+    }
+    out
 }

@@ -389,7 +389,7 @@ fn a_diverged_step_is_written_and_read_back() {
         drift_implementation: f64::NAN,
         clipped_fraction: 0.0,
         travelled: 0.1,
-        branch_flips: 0,
+        branch_flips: Some(0),
         ambiguous_flips: 0,
         sign_flips: 4,
     };
@@ -520,4 +520,46 @@ fn a_class_below_the_manifests_is_reported_with_both() {
     );
     r.expected_class = Some(PrecisionClass::Bf16);
     assert!(!r.summary().contains("manifest"), "{}", r.summary());
+}
+
+/// A host loop whose outputs a whole-loss library would not give: `clipped` (and with
+/// `no_logp`, `per_token_logp`) declared not provided.
+struct WithoutMetrics {
+    inner: HostLogits,
+    no_logp: bool,
+}
+
+impl LossFn for WithoutMetrics {
+    fn eval(&mut self, case: &Case, inputs: &crate::inputs::Inputs) -> anyhow::Result<loss_fns::Eval> {
+        let mut o = self.inner.outputs(case, inputs)?;
+        o.tensors.remove(&crate::spec::OutputName::Clipped);
+        o.not_provided.insert(crate::spec::OutputName::Clipped);
+        if self.no_logp {
+            o.tensors.remove(&crate::spec::OutputName::PerTokenLogp);
+            o.not_provided.insert(crate::spec::OutputName::PerTokenLogp);
+        }
+        loss_fns::eval_of(&o)
+    }
+}
+
+/// Trajectories need only the loss and its gradient: an implementation without `clipped`
+/// (and without logp) passes or fails on its drift, never errors, and the record says
+/// what was left out and why.
+#[test]
+fn an_implementation_without_clipped_is_judged_on_its_drift() {
+    let case = smoke_case("f32");
+    let spec = spec_of(&case, Optimizer::Sgd);
+    let required = PrecisionClass::default_for(case.dtype);
+    for no_logp in [false, true] {
+        let mut ok = WithoutMetrics { inner: honest(), no_logp };
+        let r = judged(&case, &spec, &mut ok, required);
+        assert!(r.passed(), "no_logp {no_logp}: {}", r.summary());
+        assert!(r.points.iter().all(|p| p.branch_flips.is_none()));
+        assert_eq!(r.left_out.len(), 1 + usize::from(no_logp), "{:?}", r.left_out);
+        assert!(r.summary().contains("branch flips (the implementation gives no `clipped`)"), "{}", r.summary());
+        let mut bad = WithoutMetrics { inner: biased(), no_logp };
+        let r = judged(&case, &spec, &mut bad, required);
+        assert!(!r.passed(), "no_logp {no_logp}: {}", r.summary());
+        assert!(r.judgement.message.contains("parameter drift"), "{}", r.judgement.message);
+    }
 }

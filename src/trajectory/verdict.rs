@@ -73,7 +73,7 @@ pub fn judge_against(points: &[StepPoint], k: f64, steps: usize, name: &str) -> 
         bounds.push(bound);
         let finite = p.loss_implementation.is_finite() && p.drift_implementation.is_finite();
         let ratio = p.drift_implementation / bound;
-        if !finite || !(p.drift_implementation <= bound) || p.branch_flips > 0 {
+        if !finite || !(p.drift_implementation <= bound) || p.branch_flips.is_some_and(|n| n > 0) {
             first_bad.get_or_insert((p, bound));
         }
         if worst.is_none_or(|w| ratio > w.0) {
@@ -103,10 +103,10 @@ pub fn judge_against(points: &[StepPoint], k: f64, steps: usize, name: &str) -> 
                 "step {}: the implementation's loss {} / parameter drift {} is not finite",
                 p.step, p.loss_implementation, p.drift_implementation
             )
-        } else if p.branch_flips > 0 {
+        } else if let Some(n) = p.branch_flips.filter(|&n| n > 0) {
             format!(
-                "step {}: {} token(s) clipped the other way than the {name} reference, with no clip edge between the two loops' ratios",
-                p.step, p.branch_flips
+                "step {}: {n} token(s) clipped the other way than the {name} reference, with no clip edge between the two loops' ratios",
+                p.step
             )
         } else {
             format!(
@@ -165,7 +165,7 @@ mod tests {
             drift_implementation: i,
             clipped_fraction: 0.0,
             travelled: 0.1 * step as f64,
-            branch_flips: 0,
+            branch_flips: Some(0),
             ambiguous_flips: 0,
             sign_flips: 0,
         }
@@ -218,7 +218,7 @@ mod tests {
     #[test]
     fn a_flip_at_an_edge_ends_the_judged_steps_and_one_elsewhere_fails() {
         let mut pts = vec![pt(1, 1e-7, 1e-7), pt(2, 1e-7, 1e-7), pt(3, 1e-7, 1e-3)];
-        pts[2].branch_flips = 1;
+        pts[2].branch_flips = Some(1);
         pts[2].ambiguous_flips = 1;
         let j = judge(&pts, 4.0, 3);
         assert!(j.passed && j.judged_steps == 2, "{j:?}");
@@ -231,7 +231,7 @@ mod tests {
             j.message
         );
         let mut one = vec![pt(1, 1e-7, 1e-7)];
-        one[0].branch_flips = 1;
+        one[0].branch_flips = Some(1);
         one[0].ambiguous_flips = 1;
         let j = judge(&one, 4.0, 1);
         assert!(

@@ -13,7 +13,9 @@ through the user's function (so its ``custom_vjp``, if any, is what runs backwar
 
 A kernel that computes GRPO's per-token loss itself (clipping in its own VJP, ε and τ in
 its own config) goes through ``from_per_token_loss_fn`` (module
-``per_token_loss_adapter``, re-exported here).
+``per_token_loss_adapter``, re-exported here); a library function that computes the
+whole aggregated loss (tunix's ``grpo_loss_fn``) through ``from_loss_fn`` (module
+``loss_adapter``, re-exported here).
 
 The function is called with SPEC's shapes: logits [B, T, V] (or [B*T, V] with
 ``flatten=True``), hidden [B, T, H] / lm_head [H, V], chosen_ids [B, T] int32, plus the
@@ -47,6 +49,7 @@ from .impls.interface import Capabilities, Implementation
 from .spec import LOGITS_DTYPES, Knobs, Problem, RequestError
 
 from .per_token_loss_adapter import from_per_token_loss_fn  # noqa: F401 (public API)
+from .loss_adapter import StandInModel, Unsupported, from_loss_fn  # noqa: F401 (public API)
 
 f32 = jnp.float32
 RETURNS = ("logp", "logp_entropy", "cross_entropy")
