@@ -38,6 +38,7 @@ pub mod run_identity;
 pub mod runner;
 pub mod spec;
 pub mod sweep;
+pub mod tally;
 pub mod trajectory;
 pub mod trials;
 

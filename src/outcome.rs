@@ -178,6 +178,32 @@ impl TrialOutcome {
         self.name.clone()
     }
 
+    /// Whether only metrics failed: every failed check is a gate of `entropy`, `kl` or
+    /// `clipped` (outputs no gradient flows through), on one device and in the invariance
+    /// comparison alike, while the loss and its gradients are within their bounds. Users
+    /// read such a failure apart from one of the loss (the run's summary counts them).
+    pub fn fails_on_metrics_only(&self) -> bool {
+        let metric = |g: &&GateReport| {
+            matches!(
+                g.output,
+                OutputName::Entropy | OutputName::Kl | OutputName::Clipped
+            )
+        };
+        let invariance = self
+            .invariance
+            .iter()
+            .flat_map(|i| i.one_device_gates.iter().chain(&i.gates));
+        let failed: Vec<&GateReport> = self
+            .gates
+            .iter()
+            .chain(invariance)
+            .filter(|g| !g.passed)
+            .collect();
+        !failed.is_empty()
+            && failed.iter().all(metric)
+            && self.reasons.iter().all(|r| *r == Reason::Gate)
+    }
+
     /// The failing gate with the largest relative error, or the worst passing one.
     pub fn worst(&self) -> Option<&GateReport> {
         // Failing before passing, then by error (NaN errors of failed shape checks sort as equal).
@@ -248,15 +274,51 @@ impl TrialOutcome {
 /// TRL-style `-min(r·A, clip(r)·A)` half of it (docs/external.md).
 pub const CLIP_TIE_HINT: &str = "hint: this case puts ratios exactly on the clip edges, where SPEC gives the whole unclipped gradient -A·r; a kernel written -min(r·A, clip(r)·A) gives half of it there (the minimum's tie rule): branch explicitly (docs/external.md, \"clip edge\"; docs/spec.md, \"Branch rule and ties\")";
 
-/// [`CLIP_TIE_HINT`] when `case_id` is a `ratio_edges` case and a gradient gate failed.
+/// [`CLIP_TIE_HINT`] when `case_id` is a `ratio_edges` case, a gradient gate failed and
+/// nothing a tie cannot move failed with it: a tie changes only the gradient (the two
+/// branches agree in value there), so a failing loss, per-token loss, logp or KL has
+/// another cause, which the hint would hide.
 pub fn clip_tie_hint(case_id: &str, gates: &[GateReport]) -> Option<&'static str> {
     let edges = case_id.split('/').any(|seg| seg.starts_with("ratio_edges"));
-    let gradient_failed = gates.iter().any(|g| {
-        !g.passed
-            && matches!(
-                g.output,
-                OutputName::Dlogits | OutputName::Dhidden | OutputName::DlmHead
-            )
-    });
-    (edges && gradient_failed).then_some(CLIP_TIE_HINT)
+    let failed = |names: &[OutputName]| gates.iter().any(|g| !g.passed && names.contains(&g.output));
+    let gradient_failed = failed(&[
+        OutputName::Dlogits,
+        OutputName::Dhidden,
+        OutputName::DlmHead,
+    ]);
+    let value_failed = failed(&[
+        OutputName::Loss,
+        OutputName::PerTokenLoss,
+        OutputName::PerTokenLogp,
+        OutputName::Kl,
+    ]);
+    (edges && gradient_failed && !value_failed).then_some(CLIP_TIE_HINT)
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::*;
+
+    fn gate(output: OutputName, passed: bool) -> GateReport {
+        GateReport {
+            passed,
+            ..crate::gates::fail(output, "standard/f32".into(), "test".into())
+        }
+    }
+
+    /// The tie hint explains a gradient that fails alone on a clip-edge case; with the
+    /// loss failing too (which a tie cannot move), or on another profile, it is not shown.
+    #[test]
+    fn the_tie_hint_is_shown_only_where_a_tie_explains_the_failure() {
+        let edges = "logits/f32/b2_t16_v2049/grpo/eps0.2-0.28/beta0.04/ratio_edges-random-mixed";
+        let normal = "logits/f32/b2_t16_v2049/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed";
+        let grad = gate(OutputName::Dlogits, false);
+        let ok = |o| gate(o, true);
+        let both = [grad.clone(), gate(OutputName::Loss, false)];
+        let alone = [grad.clone(), ok(OutputName::Loss), gate(OutputName::Entropy, false)];
+        assert_eq!(clip_tie_hint(edges, &alone), Some(CLIP_TIE_HINT));
+        assert_eq!(clip_tie_hint(edges, &both), None);
+        assert_eq!(clip_tie_hint(normal, &alone), None);
+        assert_eq!(clip_tie_hint(edges, &[ok(OutputName::Dlogits)]), None);
+    }
 }

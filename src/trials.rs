@@ -1093,56 +1093,6 @@ pub const COMPILE_ONLY: &str =
 /// Why a `compile_only` case has no golden check.
 pub const COMPILE_ONLY_GOLDEN: &str = "compile-only case: no inputs, oracle or golden values";
 
-/// Counts of a finished run, for the closing line.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tally {
-    /// Passed.
-    pub passed: usize,
-    /// Failed gates or budgets.
-    pub failed: usize,
-    /// Errors (export, compile, run, required backend missing).
-    pub errors: usize,
-    /// Ignored with a reason (a limitation, an unavailable backend, a compile-only case).
-    pub ignored: usize,
-    /// Combinations that do not apply (an implementation without the case's level, a case
-    /// needing more devices than the topology has).
-    pub not_applicable: usize,
-    /// Expected failures that failed.
-    pub expected_fail: usize,
-    /// Expected failures that passed (a failure of the run).
-    pub unexpected_pass: usize,
-    /// Expected failures that failed otherwise than their entry states (a failure of the
-    /// run).
-    pub stale: usize,
-}
-
-impl Tally {
-    /// Counts the verdicts.
-    pub fn of<'a>(outcomes: impl IntoIterator<Item = &'a TrialOutcome>) -> Tally {
-        let mut t = Tally::default();
-        for o in outcomes {
-            match o.verdict {
-                Verdict::Pass => t.passed += 1,
-                Verdict::Fail => t.failed += 1,
-                Verdict::Error(_) => t.errors += 1,
-                Verdict::NotApplicable(_) => t.not_applicable += 1,
-                Verdict::Ignored(_) => t.ignored += 1,
-                Verdict::ExpectedFail(_) => t.expected_fail += 1,
-                Verdict::UnexpectedPass(_) => t.unexpected_pass += 1,
-                Verdict::Stale(_) => t.stale += 1,
-            }
-        }
-        t
-    }
-
-    /// Whether the run is green: something was checked (a pass or a confirmed expected
-    /// failure) and nothing failed.
-    pub fn green(&self) -> bool {
-        self.passed + self.expected_fail > 0
-            && self.failed + self.errors + self.unexpected_pass + self.stale == 0
-    }
-}
-
 #[cfg(test)]
 mod filter_tests {
     use super::filter_matches;

@@ -151,6 +151,22 @@ fn inputs_reproduce_the_golden_values_in_rust_and_numpy() {
             loss.data[0],
             g.loss
         );
+        // Both branches of the gradient at the tokens in the edge band: the other branch's
+        // dlogits differs from dlogits exactly on those rows (by g_alt − g), nowhere else.
+        let band = read(dir.path(), "edge_band");
+        let n_band = band.data.iter().filter(|&&x| x == 1.0).count();
+        if id.contains("ratio_edges") {
+            assert!(n_band > 0, "{id}: no token in the edge band");
+            let (d, alt) = (read(dir.path(), "dlogits"), read(dir.path(), "dlogits_other_branch"));
+            let v = case.shape.v;
+            for (r, &b) in band.data.iter().enumerate() {
+                let moved = (0..v).any(|j| d.data[r * v + j] != alt.data[r * v + j]);
+                assert_eq!(moved, b == 1.0, "{id}: token row {r}: edge band {b}, other branch moved {moved}");
+            }
+        } else {
+            assert_eq!(n_band, 0, "{id}");
+            assert!(!dir.path().join("dlogits_other_branch.npy").exists());
+        }
         // An independent numpy implementation of SPEC on the same files.
         let py = repo_root().join(".venv/bin/python");
         let o = Command::new(&py)

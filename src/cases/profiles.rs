@@ -24,6 +24,10 @@ pub enum DataProfile {
     /// level), and the chosen token **sampled from that policy**, as GRPO's completions
     /// are: most rows have p_y ≥ 0.5 (every other profile draws ids uniformly, p_y ≈ 1/V).
     Policy,
+    /// N(0,1) logits; old_logp and ref_logp within 1e-7 to 1e-3 of the policy's own logp
+    /// (log-uniform, either sign), as at the first iteration of every GRPO step: the ratio
+    /// is ≈ 1 and the k3 KL ≈ d²/2, where `exp(d) − d − 1` cancels (tunix#2315).
+    NearPolicy,
 }
 
 impl fmt::Display for DataProfile {
@@ -36,6 +40,7 @@ impl fmt::Display for DataProfile {
             DataProfile::RatioEdges => f.write_str("ratio_edges"),
             DataProfile::ExtremeRatio => f.write_str("extreme_ratio"),
             DataProfile::Policy => f.write_str("policy"),
+            DataProfile::NearPolicy => f.write_str("near_policy"),
         }
     }
 }
@@ -50,6 +55,7 @@ impl FromStr for DataProfile {
             "ratio_edges" => DataProfile::RatioEdges,
             "extreme_ratio" => DataProfile::ExtremeRatio,
             "policy" => DataProfile::Policy,
+            "near_policy" => DataProfile::NearPolicy,
             _ => match s.strip_prefix("normal").map(str::parse::<f64>) {
                 Some(Ok(sigma)) if sigma > 0.0 && sigma.is_finite() => DataProfile::Normal(sigma),
                 _ => {

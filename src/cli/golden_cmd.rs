@@ -115,10 +115,14 @@ pub fn run(matrix: &Matrix, golden_dirs: &GoldenDirs, action: GoldenAction) -> R
             match golden::read(&path) {
                 Ok(Some(stored)) => {
                     let d = golden::diff(&stored, &now);
+                    // A generator bump versions the change only where it moved an input.
+                    let inputs_moved = stored.inputs != now.inputs;
                     let versioned = stored.provenance.oracle_version
                         != now.provenance.oracle_version
-                        || stored.provenance.generator_version != now.provenance.generator_version;
-                    if d.is_empty() && !versioned {
+                        || (stored.provenance.generator_version
+                            != now.provenance.generator_version
+                            && inputs_moved);
+                    if d.is_empty() && stored.provenance.oracle_version == now.provenance.oracle_version {
                         unchanged += 1;
                     } else {
                         let mut lines = vec![format!(

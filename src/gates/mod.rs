@@ -55,6 +55,14 @@ pub struct GateReport {
     /// ERROR of the case, never a pass or an implementation's failure.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub oracle_nonfinite: bool,
+    /// Elements of the output that are not finite (NaN or ±inf): what an expected failure
+    /// states as `non_finite_<output>` (a kernel that turns masked garbage into NaN).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub non_finite: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn provided_default() -> bool {
@@ -79,6 +87,8 @@ struct Acc {
     excess: f64,
     worst: Option<(usize, f64, f64)>,
     nonfinite: Option<(usize, f32)>,
+    /// How many values are not finite.
+    n_nonfinite: usize,
     /// The first reference value that is not finite (the case is outside the contract).
     ref_nonfinite: Option<(usize, f64)>,
 }
@@ -95,6 +105,7 @@ impl Default for Acc {
             excess: f64::NEG_INFINITY,
             worst: None,
             nonfinite: None,
+            n_nonfinite: 0,
             ref_nonfinite: None,
         }
     }
@@ -113,6 +124,7 @@ impl Acc {
             if self.nonfinite.is_none() {
                 self.nonfinite = Some((i, got));
             }
+            self.n_nonfinite += 1;
             return;
         }
         let d = (got as f64 - want).abs();
@@ -139,6 +151,7 @@ impl Acc {
             self.excess = o.excess;
             self.worst = o.worst;
         }
+        self.n_nonfinite += o.n_nonfinite;
         self.nonfinite = match (self.nonfinite, o.nonfinite) {
             (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
             (a, b) => a.or(b),
@@ -231,6 +244,7 @@ impl Acc {
             message,
             provided: true,
             oracle_nonfinite: false,
+            non_finite: self.n_nonfinite,
         }
     }
 }
@@ -248,7 +262,8 @@ pub fn index(shape: &[usize], mut i: usize) -> String {
     format!("{idx:?}")
 }
 
-fn fail(output: OutputName, tier: String, message: String) -> GateReport {
+/// A failed gate that compared nothing (a missing or misshapen output): `message` says why.
+pub fn fail(output: OutputName, tier: String, message: String) -> GateReport {
     GateReport {
         output,
         passed: false,
@@ -265,6 +280,7 @@ fn fail(output: OutputName, tier: String, message: String) -> GateReport {
         message: format!("{output}: FAIL {message}"),
         provided: true,
         oracle_nonfinite: false,
+        non_finite: 0,
     }
 }
 
@@ -300,6 +316,7 @@ fn unjudged(output: OutputName, tolerance: Tolerance, tier: String, message: Str
         message,
         provided: true,
         oracle_nonfinite: false,
+        non_finite: 0,
     }
 }
 
@@ -480,6 +497,7 @@ fn judge_clipped(
             message: format!("clipped: ok, exact over {n} ({tier})"),
             provided: true,
             oracle_nonfinite: false,
+            non_finite: 0,
         },
         Some(&i) => fail(
             OutputName::Clipped,

@@ -5,6 +5,7 @@
 //! backend see the same numbers.
 
 pub mod buffer;
+pub mod conditions;
 pub mod fast_normal;
 pub mod logits;
 pub mod rng;
@@ -19,8 +20,10 @@ use crate::spec::{DType, IsLevel, Level};
 use rayon::prelude::*;
 use rng::Stream;
 
-/// Version of the generation rules; part of every golden file's provenance.
-pub const GENERATOR_VERSION: u32 = 1;
+/// Version of the generation rules; part of every golden file's provenance. 2: a padded
+/// mask pads at least one position a row, a random mask has a masked and a live position,
+/// `mixed` advantages have both signs when B ≥ 2 (src/inputs/conditions.rs).
+pub const GENERATOR_VERSION: u32 = 2;
 
 /// Added to the chosen logit by the `spike` profile.
 pub const SPIKE: f32 = 25.0;
@@ -37,6 +40,21 @@ pub const OLD_LOGP_NOISE: f64 = 0.3;
 pub const REF_LOGP_NOISE: f64 = 0.1;
 /// Log-ratio magnitude of the `extreme_ratio` profile.
 pub const EXTREME_LOG_RATIO: f64 = 20.0;
+/// The `near_policy` profile's |logp − old_logp| and |ref_logp − logp|: 10^x, x uniform in
+/// this range (before old and ref are rounded to f32).
+pub const NEAR_POLICY_LOG10: (f64, f64) = (-7.0, -3.0);
+
+/// A `near_policy` offset from the stream `s` at token `i`: log-uniform magnitude in
+/// [`NEAR_POLICY_LOG10`], either sign.
+fn near_policy_offset(s: &Stream, i: usize) -> f64 {
+    let (lo, hi) = NEAR_POLICY_LOG10;
+    let magnitude = 10f64.powf(lo + (hi - lo) * s.uniform(2 * i as u64));
+    if s.uniform(2 * i as u64 + 1) < 0.5 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
 
 /// How far the `policy` profile raises a row's likely token above ln V, in units of τ:
 /// at the logits level p ≈ e²/(e² + e^½) ≈ 0.82 for N(0,1) logits.
@@ -191,13 +209,15 @@ fn policy_fused(case: &Case, hidden: &mut [f32], lm_head: &[f32], chosen_ids: &m
 }
 
 /// The [B,T] completion mask of `case` (its own stream: independent of the other inputs).
-fn completion_mask(case: &Case) -> Vec<f32> {
+pub(crate) fn completion_mask(case: &Case) -> Vec<f32> {
     let s = case.shape;
     let rows = s.rows();
     let sm = Stream::new(case.data_id(), "mask");
     let mut mask = vec![1f32; rows];
     for b in 0..s.b {
-        let pad = (sm.uniform((rows + b) as u64) * (s.t as f64 / 2.0)).floor() as usize;
+        // At least one padded position a row, and one live token where T allows it.
+        let drawn = (sm.uniform((rows + b) as u64) * (s.t as f64 / 2.0)).floor() as usize;
+        let pad = (drawn + 1).min(s.t.saturating_sub(1));
         for t in 0..s.t {
             let i = b * s.t + t;
             let keep = match case.mask {
@@ -210,7 +230,44 @@ fn completion_mask(case: &Case) -> Vec<f32> {
             mask[i] = if keep { 1.0 } else { 0.0 };
         }
     }
+    // A random mask has a masked position and a live one (a hostile one needs the masked
+    // position for its values): the last token masked, or the first live, when the draws
+    // gave none.
+    if matches!(case.mask, MaskPattern::Random | MaskPattern::RandomHostile) && rows >= 2 {
+        if !mask.contains(&0.0) {
+            mask[rows - 1] = 0.0;
+        }
+        if !mask.contains(&1.0) {
+            mask[0] = 1.0;
+        }
+    }
     mask
+}
+
+/// The [B] advantages of `case` (their own stream). `mixed` has both signs whenever
+/// B ≥ 2: draws of one sign get the last one's flipped (src/inputs/conditions.rs checks
+/// every case).
+pub(crate) fn advantages_of(case: &Case) -> Vec<f32> {
+    let sa = Stream::new(case.data_id(), "advantages");
+    let mut adv: Vec<f32> = (0..case.shape.b)
+        .map(|b| {
+            let n = sa.normal(b as u64);
+            (match case.advantages {
+                AdvPattern::Mixed => n,
+                AdvPattern::Zero => 0.0,
+                AdvPattern::Positive => n.abs() + 0.1,
+                AdvPattern::Negative => -(n.abs() + 0.1),
+            }) as f32
+        })
+        .collect();
+    if case.advantages == AdvPattern::Mixed
+        && adv.len() >= 2
+        && (adv.iter().all(|&a| a > 0.0) || adv.iter().all(|&a| a < 0.0))
+    {
+        let last = adv.len() - 1;
+        adv[last] = -adv[last];
+    }
+    adv
 }
 
 impl Inputs {
@@ -327,18 +384,7 @@ impl Inputs {
             }
         }
 
-        let sa = Stream::new(id, "advantages");
-        let advantages: Vec<f32> = (0..s.b)
-            .map(|b| {
-                let n = sa.normal(b as u64);
-                (match case.advantages {
-                    AdvPattern::Mixed => n,
-                    AdvPattern::Zero => 0.0,
-                    AdvPattern::Positive => n.abs() + 0.1,
-                    AdvPattern::Negative => -(n.abs() + 0.1),
-                }) as f32
-            })
-            .collect();
+        let advantages = advantages_of(case);
 
         let mut inputs = Inputs {
             logits,
@@ -453,10 +499,15 @@ pub(crate) fn placed_old_ref(case: &Case, mask_i: f32, i: usize, logp: f64) -> (
                 -EXTREME_LOG_RATIO
             }
         }
+        DataProfile::NearPolicy => near_policy_offset(&so, i),
         _ => OLD_LOGP_NOISE * so.normal(i as u64),
     };
     let mut old = (logp - log_r) as f32;
-    let mut refp = (logp + REF_LOGP_NOISE * sr.normal(i as u64)) as f32;
+    let ref_offset = match case.profile {
+        DataProfile::NearPolicy => near_policy_offset(&sr, i),
+        _ => REF_LOGP_NOISE * sr.normal(i as u64),
+    };
+    let mut refp = (logp + ref_offset) as f32;
     if mask_i == 0.0 {
         match case.mask {
             MaskPattern::RandomHostile => {

@@ -113,6 +113,11 @@ pub fn measured(f: Figure, out: &TrialOutcome) -> Option<f64> {
             .iter()
             .find(|g| g.output == o && g.compared > 0)
             .map(|g| g.norm_err),
+        Figure::NonFinite(o) => out
+            .gates
+            .iter()
+            .find(|g| g.output == o && g.provided)
+            .map(|g| g.non_finite as f64),
     }
 }
 

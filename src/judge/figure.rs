@@ -20,11 +20,27 @@ pub enum Figure {
     /// An output's name (`dlm_head`, `dhidden`, ...): its norm-wise relative error against
     /// the oracle (a gate failure).
     RelativeError(OutputName),
+    /// `non_finite_<output>` (`non_finite_loss`, ...): how many of the output's elements
+    /// are NaN or ±inf (a gate failure no error norm measures).
+    NonFinite(OutputName),
 }
+
+/// `non_finite_<output>` of each output, in [`OutputName::ALL`]'s order.
+const NON_FINITE_NAMES: [&str; 9] = [
+    "non_finite_loss",
+    "non_finite_per_token_logp",
+    "non_finite_per_token_loss",
+    "non_finite_kl",
+    "non_finite_clipped",
+    "non_finite_entropy",
+    "non_finite_dlogits",
+    "non_finite_dhidden",
+    "non_finite_dlm_head",
+];
 
 impl Figure {
     /// Every name a figure may have, for messages.
-    pub const NAMES: &'static str = "roofline_over_baseline, peak_over_floor, drift_over_bound, undeclared_matmuls, or an output's name (loss, per_token_logp, per_token_loss, kl, clipped, entropy, dlogits, dhidden, dlm_head)";
+    pub const NAMES: &'static str = "roofline_over_baseline, peak_over_floor, drift_over_bound, undeclared_matmuls, an output's name (loss, per_token_logp, per_token_loss, kl, clipped, entropy, dlogits, dhidden, dlm_head), or non_finite_<output> (non_finite_loss, ...)";
 
     /// The figure of a name in `expect:`.
     pub fn parse(name: &str) -> Option<Figure> {
@@ -33,6 +49,10 @@ impl Figure {
             "peak_over_floor" => Figure::PeakOverFloor,
             "drift_over_bound" => Figure::DriftOverBound,
             "undeclared_matmuls" => Figure::UndeclaredMatmuls,
+            other if other.starts_with("non_finite_") => {
+                let i = NON_FINITE_NAMES.iter().position(|n| *n == other)?;
+                Figure::NonFinite(OutputName::ALL[i])
+            }
             other => {
                 Figure::RelativeError(OutputName::ALL.into_iter().find(|o| o.name() == other)?)
             }
@@ -47,6 +67,9 @@ impl Figure {
             Figure::DriftOverBound => "drift_over_bound",
             Figure::UndeclaredMatmuls => "undeclared_matmuls",
             Figure::RelativeError(o) => o.name(),
+            Figure::NonFinite(o) => {
+                NON_FINITE_NAMES[OutputName::ALL.iter().position(|x| *x == o).unwrap_or(0)]
+            }
         }
     }
 
@@ -57,7 +80,7 @@ impl Figure {
             Figure::PeakOverFloor => Reason::Memory,
             Figure::DriftOverBound => Reason::Trajectory,
             Figure::UndeclaredMatmuls => Reason::Precision,
-            Figure::RelativeError(_) => Reason::Gate,
+            Figure::RelativeError(_) | Figure::NonFinite(_) => Reason::Gate,
         }
     }
 }

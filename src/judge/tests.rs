@@ -91,7 +91,7 @@ fn not_applicable_comes_from_its_type() {
         o.verdict
     );
     assert!(o.verdict.is_ok() && o.verdict.is_not_applicable());
-    let t = crate::trials::Tally::of([&o]);
+    let t = crate::tally::Tally::of([&o]);
     assert_eq!((t.not_applicable, t.ignored), (1, 0));
 }
 
@@ -238,7 +238,7 @@ fn a_failure_of_another_kind_than_the_entry_states_is_stale() {
         }
         v => panic!("{v:?}"),
     }
-    let t = crate::trials::Tally::of([&{
+    let t = crate::tally::Tally::of([&{
         let mut o = over_memory();
         expected::apply(&mut o, Some(&e));
         o
@@ -274,6 +274,8 @@ fn every_figure_names_its_kind_and_round_trips() {
         "dlm_head",
         "dhidden",
         "per_token_logp",
+        "non_finite_loss",
+        "non_finite_dlm_head",
     ] {
         let f = figure::Figure::parse(name).unwrap();
         assert_eq!(f.name(), name);
@@ -289,4 +291,31 @@ fn every_figure_names_its_kind_and_round_trips() {
         Reason::Gate
     );
     assert!(figure::Figure::parse("speed").is_none());
+    assert!(figure::Figure::parse("non_finite_speed").is_none());
+    assert_eq!(
+        figure::Figure::parse("non_finite_loss").unwrap().reason(),
+        Reason::Gate
+    );
+}
+
+/// A loss that is NaN has no error norm to state: `non_finite_<output>` states how many
+/// elements are not finite; the entry is stale once the output is finite again.
+#[test]
+fn a_non_finite_output_is_stated_by_its_count() {
+    let nan = |count: usize| {
+        let mut o = crate::outcome::TrialOutcome::new("t".into(), TrialKind::Run, "b", "ran", "c");
+        o.verdict = Verdict::Fail;
+        o.reasons = vec![Reason::Gate];
+        o.gates = vec![crate::gates::GateReport {
+            non_finite: count,
+            ..crate::gates::fail(crate::spec::OutputName::Loss, "standard/f32".into(), "x".into())
+        }];
+        o
+    };
+    let e = entry("{implementation: ran, reason: r, expect: {non_finite_loss: 1}}");
+    assert!(matches!(judged(nan(1), &e), Verdict::ExpectedFail(_)));
+    match judged(nan(0), &e) {
+        Verdict::Stale(m) => assert!(m.contains("non_finite_loss moved"), "{m}"),
+        v => panic!("{v:?}"),
+    }
 }

@@ -9,7 +9,7 @@
 
 use crate::compare::{self, Comparison, Run};
 use crate::runner::{TrialKind, TrialOutcome, Verdict};
-use crate::trials::Tally;
+use crate::tally::{metrics_only_note, Tally};
 use anyhow::{Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -318,12 +318,19 @@ fn xla_cpu_text(run: &Run, sep: &str) -> String {
 fn tally_text(t: &Tally) -> (String, String) {
     (
         format!(
-            "{} passed, {} failed, {} errors, {} ignored",
-            t.passed, t.failed, t.errors, t.ignored
+            "{} passed, {} failed{}, {} errors, {} ignored",
+            t.passed,
+            t.failed,
+            metrics_only_note(t.failed_metrics_only),
+            t.errors,
+            t.ignored
         ),
         format!(
-            "{} expected failures, {} unexpected passes, {} stale",
-            t.expected_fail, t.unexpected_pass, t.stale
+            "{} expected failures{}, {} unexpected passes, {} stale",
+            t.expected_fail,
+            metrics_only_note(t.expected_fail_metrics_only),
+            t.unexpected_pass,
+            t.stale
         ),
     )
 }

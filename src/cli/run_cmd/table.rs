@@ -3,7 +3,8 @@
 
 use anyhow::Result;
 use grpo_conformance::runner::{TrialKind, TrialOutcome, Verdict};
-use grpo_conformance::trials::{Plan, Tally};
+use grpo_conformance::tally::{metrics_only_note, Tally};
+use grpo_conformance::trials::Plan;
 use std::path::Path;
 
 /// Seconds in the unit that suits them (µs, ms, s); `-` for none.
@@ -26,14 +27,22 @@ pub(super) fn summarize(
 ) -> Result<()> {
     print_table(outcomes);
     let t = Tally::of(outcomes);
+    // Failures of metrics alone (entropy, kl, clipped) are read apart from failures of
+    // the loss and its gradients.
     let mut line = format!(
-        "\n{} passed, {} failed, {} errors, {} ignored",
-        t.passed, t.failed, t.errors, t.ignored
+        "\n{} passed, {} failed{}, {} errors, {} ignored",
+        t.passed,
+        t.failed,
+        metrics_only_note(t.failed_metrics_only),
+        t.errors,
+        t.ignored
     );
     if t.expected_fail + t.unexpected_pass > 0 {
         line.push_str(&format!(
-            ", {} expected failures, {} unexpected passes",
-            t.expected_fail, t.unexpected_pass
+            ", {} expected failures{}, {} unexpected passes",
+            t.expected_fail,
+            metrics_only_note(t.expected_fail_metrics_only),
+            t.unexpected_pass
         ));
     }
     if t.stale > 0 {
