@@ -35,11 +35,29 @@ USE_GROUP = re.compile(r"use\s+(crate|super)((?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{(
 
 
 def strip_tests(text):
-    """The code before a `#[cfg(test)]` module (tests do not shape the architecture),
-    without comments (a doc link is not an import)."""
-    i = text.find("#[cfg(test)]\nmod ")
-    text = text if i < 0 else text[:i]
-    return "\n".join(line.split("//")[0] for line in text.split("\n"))
+    """The code without comments (a doc link is not an import) and without the items under
+    `#[cfg(test)]` (tests do not shape the architecture): a `mod x;` line, or a module,
+    function or impl block up to its matching brace, wherever it is in the file."""
+    text = "\n".join(line.split("//")[0] for line in text.split("\n"))
+    out, i = [], 0
+    while True:
+        j = text.find("#[cfg(test)]", i)
+        if j < 0:
+            out.append(text[i:])
+            return "".join(out)
+        out.append(text[i:j])
+        k = j + len("#[cfg(test)]")
+        semi, brace = text.find(";", k), text.find("{", k)
+        if brace < 0 or (0 <= semi < brace):
+            i = semi + 1 if semi >= 0 else len(text)   # `mod tests;` or a `use`
+            continue
+        depth, m = 0, brace
+        while m < len(text):
+            depth += {"{": 1, "}": -1}.get(text[m], 0)
+            m += 1
+            if depth == 0:
+                break
+        i = m
 
 
 def edges(src):

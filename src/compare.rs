@@ -50,6 +50,9 @@ pub struct Run {
     pub tol_scale: f64,
     /// XLA:CPU's compile settings of its pjrt-cpu trials (none in records of older suites).
     pub xla_cpu: Option<String>,
+    /// The shard (`I/N`) these records cover, when they are one shard's of a split run
+    /// (their lines carry `shard`); None for a whole run.
+    pub shard: Option<String>,
     /// Trials by name (last record wins).
     pub trials: BTreeMap<String, TrialOutcome>,
 }
@@ -59,6 +62,7 @@ pub fn load(path: &Path) -> Result<Run> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let mut meta: Option<(String, u64, u64, f64, Option<String>)> = None;
+    let mut shard: Option<String> = None;
     let mut trials = BTreeMap::new();
     for (k, line) in text
         .lines()
@@ -67,6 +71,22 @@ pub fn load(path: &Path) -> Result<Run> {
     {
         let v: serde_json::Value = serde_json::from_str(line)
             .with_context(|| format!("{}:{}: not a record line", path.display(), k + 1))?;
+        // A run-identity field of the wrong type is refused, never read as absent.
+        let typed = |key: &str, ok: fn(&serde_json::Value) -> bool, what: &str| -> Result<()> {
+            match v.get(key) {
+                Some(x) if !x.is_null() && !ok(x) => bail!(
+                    "{}:{}: field `{key}` is {x}, not {what}",
+                    path.display(),
+                    k + 1
+                ),
+                _ => Ok(()),
+            }
+        };
+        typed("suite", serde_json::Value::is_string, "a string")?;
+        typed("xla_cpu", serde_json::Value::is_string, "a string")?;
+        typed("tol_scale", serde_json::Value::is_number, "a number")?;
+        typed("oracle_version", serde_json::Value::is_u64, "a version number")?;
+        typed("generator_version", serde_json::Value::is_u64, "a version number")?;
         let m = (
             v["suite"].as_str().unwrap_or("").to_string(),
             v["oracle_version"].as_u64().unwrap_or(0),
@@ -74,6 +94,9 @@ pub fn load(path: &Path) -> Result<Run> {
             v["tol_scale"].as_f64().unwrap_or(1.0),
             v["xla_cpu"].as_str().map(String::from),
         );
+        if shard.is_none() {
+            shard = v["shard"]["partition"].as_str().map(String::from);
+        }
         match &meta {
             None => meta = Some(m),
             Some(first) if *first != m => bail!(
@@ -98,6 +121,7 @@ pub fn load(path: &Path) -> Result<Run> {
         generator_version,
         tol_scale,
         xla_cpu,
+        shard,
         trials,
     })
 }
@@ -387,6 +411,7 @@ mod tests {
             generator_version: 1,
             tol_scale: 1.0,
             xla_cpu: xla_cpu.map(String::from),
+            shard: None,
             trials: BTreeMap::new(),
         }
     }

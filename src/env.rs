@@ -83,31 +83,7 @@ pub const VARS: &[Var] = &[
     Var { name: "GRPO_BENCH_EXACT", meaning: "`1`: the oracle benchmark also times input generation on the scalar path (as before the fast path) and checks its bits", default: "unset", read_by: "`cargo bench --bench oracle`" },
 ];
 
-/// Characters of a value that messages echo; a longer value is cut there.
-pub const SHOWN_CHARS: usize = 80;
-
-/// A value as messages echo it: whole when short, else its first [`SHOWN_CHARS`]
-/// characters and its length ("xxxx… (100000 chars)").
-pub fn shown(value: &str) -> String {
-    let n = value.chars().count();
-    if n <= SHOWN_CHARS {
-        value.to_string()
-    } else {
-        let head: String = value.chars().take(SHOWN_CHARS).collect();
-        format!("{head}… ({n} chars)")
-    }
-}
-
-/// [`shown`], quoted as Rust's `{:?}` quotes (an empty value stays visible).
-pub fn shown_quoted(value: &str) -> String {
-    let n = value.chars().count();
-    if n <= SHOWN_CHARS {
-        format!("{value:?}")
-    } else {
-        let head: String = value.chars().take(SHOWN_CHARS).collect();
-        format!("{head:?}… ({n} chars)")
-    }
-}
+pub use crate::shown::{shown, shown_quoted, SHOWN_CHARS};
 
 fn raw(name: &str) -> Option<String> {
     std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
@@ -178,11 +154,14 @@ pub fn records() -> Result<Option<PathBuf>> {
     path(RECORDS)
 }
 
-/// `GRPO_PARTITION`: the harness's shard, if any.
-pub fn partition() -> Result<Option<crate::partition::Partition>> {
-    raw(PARTITION)
-        .map(|s| s.parse().map_err(|e| anyhow::anyhow!("{PARTITION}: {e}")))
-        .transpose()
+/// `GRPO_PARTITION`: the harness's shard (`I/N`), if any, as the text it is set to; the
+/// harness parses it as `run --partition` does (`partition::Partition`). Set but empty
+/// is an error.
+pub fn partition() -> Result<Option<String>> {
+    match raw(PARTITION) {
+        Some(s) if s.trim().is_empty() => bail!("{PARTITION} is set but empty; unset it or give I/N"),
+        other => Ok(other),
+    }
 }
 
 /// `GRPO_PARTITION_WEIGHTS`: the records that weigh the harness's split, if any.

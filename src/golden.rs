@@ -360,3 +360,33 @@ pub fn orphans(dir: &Path, cases: &[&Case]) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+#[cfg(test)]
+mod version_tests {
+    use super::*;
+    use crate::runner::Prepared;
+
+    /// A file of an earlier generator is current while its input digests are today's;
+    /// a moved input is generator drift; a file of a newer generator is refused.
+    #[test]
+    fn an_earlier_generators_file_is_current_while_its_inputs_are() {
+        let case =
+            crate::cases::parse_fixed("b: 2, t: 4, v: 37, beta: 0.04, mask: right_pad").unwrap();
+        let p = Prepared::new(&case);
+        let dir = tempfile::tempdir().unwrap();
+        let mut g = compute(&case, &p.inputs, &p.oracle);
+        g.provenance.generator_version = GENERATOR_VERSION - 1;
+        store(&path(dir.path(), &case), &g).unwrap();
+        assert!(matches!(check(dir.path(), &case, &p.inputs, &p.oracle).unwrap(), Check::Match));
+        g.inputs.insert("mask".into(), "xxh3:0000000000000000".into());
+        store(&path(dir.path(), &case), &g).unwrap();
+        match check(dir.path(), &case, &p.inputs, &p.oracle).unwrap() {
+            Check::Mismatch(d) => assert!(d.iter().any(|l| l.contains("generator drift")), "{d:?}"),
+            Check::Match => panic!("a moved input matched"),
+        }
+        g.provenance.generator_version = GENERATOR_VERSION + 1;
+        store(&path(dir.path(), &case), &g).unwrap();
+        let e = check(dir.path(), &case, &p.inputs, &p.oracle).unwrap_err();
+        assert!(e.to_string().contains("stale golden file"), "{e}");
+    }
+}

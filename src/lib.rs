@@ -36,6 +36,7 @@ pub mod records;
 pub mod report;
 pub mod run_identity;
 pub mod runner;
+pub mod shown;
 pub mod spec;
 pub mod sweep;
 pub mod tally;

@@ -69,7 +69,13 @@ fn read_lines(path: &Path) -> Result<Vec<Line>> {
     let mut lines = Vec::new();
     for (k, l) in all.iter().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         match serde_json::from_str::<Map<String, Value>>(l) {
-            Ok(m) => lines.push((path.to_path_buf(), k + 1, m)),
+            Ok(m) => {
+                // A line that is not a trial record (as `report` refuses it).
+                if let Err(e) = serde_json::from_value::<TrialOutcome>(Value::Object(m.clone())) {
+                    bail!("{}:{}: not a trial record ({e})", path.display(), k + 1);
+                }
+                lines.push((path.to_path_buf(), k + 1, m))
+            }
             // A last line cut short (a killed shard): that trial has no record.
             Err(_) if k + 1 == all.len() && !text.ends_with('\n') => {}
             Err(e) => bail!("{}:{}: unreadable record line ({e})", path.display(), k + 1),
@@ -91,6 +97,58 @@ fn time_of(m: &Map<String, Value>) -> u64 {
     m.get("unix_time").and_then(Value::as_u64).unwrap_or(0)
 }
 
+/// The fields every record line of one run shares (its identity: what `--resume`
+/// checks), besides each implementation's code digest.
+const RUN_FIELDS: [&str; 6] = [
+    "suite",
+    "config_digest",
+    "tol_scale",
+    "xla_cpu",
+    "oracle_version",
+    "generator_version",
+];
+
+/// Refuses lines of different runs: a field of [`RUN_FIELDS`] that differs, or an
+/// implementation whose code digest differs (a kernel edited between two shards, a CI
+/// matrix whose jobs checked out a moving branch). Names the file and line of both.
+fn one_identity(lines: &[Line]) -> Result<()> {
+    let show = |v: Option<&Value>| v.map_or("absent".into(), Value::to_string);
+    let Some((p0, l0, first)) = lines.first() else {
+        return Ok(());
+    };
+    let mut code: HashMap<&str, (&Path, usize, &Value)> = HashMap::new();
+    for (p, l, m) in lines {
+        for k in RUN_FIELDS {
+            if m.get(k) != first.get(k) {
+                bail!(
+                    "{}:{l}: field `{k}` is {}, but {}:{l0} has {}: records of different runs",
+                    p.display(),
+                    show(m.get(k)),
+                    p0.display(),
+                    show(first.get(k))
+                );
+            }
+        }
+        if let (Some(i), Some(d)) = (
+            m.get("implementation").and_then(Value::as_str),
+            m.get("code_digest"),
+        ) {
+            match code.get(i) {
+                Some((p1, l1, d1)) if *d1 != d => bail!(
+                    "{}:{l}: field `code_digest` of implementation `{i}` is {d}, but {}:{l1} has {d1}: records of different code (was the kernel edited between them?)",
+                    p.display(),
+                    p1.display()
+                ),
+                Some(_) => {}
+                None => {
+                    code.insert(i, (p, *l, d));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The records of one unsplit run written as pieces, one file per process (the harness
 /// under cargo-nextest): one run identity throughout; a trial recorded in two pieces (a
 /// retried test) keeps its last record.
@@ -99,29 +157,13 @@ fn merge_pieces(out: &Path, files: &[PathBuf]) -> Result<Merged> {
     for f in files {
         lines.extend(read_lines(f)?);
     }
-    let keys = [
-        "suite",
-        "config_digest",
-        "tol_scale",
-        "xla_cpu",
-        "oracle_version",
-        "generator_version",
-    ];
-    if let Some((p0, l0, first)) = lines.first() {
-        for (p, l, m) in &lines {
-            for k in keys {
-                if m.get(k) != first.get(k) {
-                    bail!(
-                        "{}:{l}: field `{k}` is {}, but {}:{l0} has {}: records of different runs",
-                        p.display(),
-                        m.get(k).map_or("absent".into(), Value::to_string),
-                        p0.display(),
-                        first.get(k).map_or("absent".into(), Value::to_string)
-                    );
-                }
-            }
-        }
+    if let Some((p, l, _)) = lines.iter().find(|(_, _, m)| m.contains_key("shard")) {
+        bail!(
+            "{}:{l}: the line carries `shard`, but no stamp (`.plan.json`) is beside its file: the shard's stamp is missing (copy it with the records, or run the shard again)",
+            p.display()
+        );
     }
+    one_identity(&lines)?;
     lines.sort_by_key(|(_, _, m)| time_of(m));
     let mut order: Vec<String> = Vec::new();
     let mut last: HashMap<String, Map<String, Value>> = HashMap::new();
@@ -159,7 +201,15 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
     if files.is_empty() {
         bail!("no shard records given");
     }
-    if files.iter().any(|f| f == out) {
+    let canonical = |p: &Path| -> PathBuf {
+        match (p.parent(), p.file_name()) {
+            (Some(d), Some(n)) => std::fs::canonicalize(if d.as_os_str().is_empty() { Path::new(".") } else { d })
+                .map(|d| d.join(n))
+                .unwrap_or_else(|_| p.to_path_buf()),
+            _ => p.to_path_buf(),
+        }
+    };
+    if files.iter().any(|f| canonical(f) == canonical(out)) {
         bail!(
             "{}: the output is one of the shards; write the merged run to another file",
             out.display()
@@ -262,6 +312,10 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
                 .join(", ")
         );
     }
+    // One run's identity across every shard's lines (tolerance scale, XLA:CPU settings,
+    // versions, each implementation's code).
+    let all: Vec<Line> = shards.iter().flat_map(|s| s.lines.iter().cloned()).collect();
+    one_identity(&all)?;
     // The code digest each implementation's lines carry (for an ERROR line's).
     let mut code: HashMap<String, Value> = HashMap::new();
     for (_, _, m) in shards.iter().flat_map(|s| &s.lines) {

@@ -20,6 +20,10 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
+/// The most shards a plan is split into: a bound on what a split allocates (one load per
+/// shard), far above any matrix's count of cases (the nightly tier has under 100).
+pub const MAX_SHARDS: usize = 10_000;
+
 /// Shard `index` of `count` (1-based, as nextest's `--partition count:I/N` says it);
 /// written `I/N` in records and stamps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +40,7 @@ impl FromStr for Partition {
         let bad = || {
             format!(
                 "partition `{}` must be I/N with 1 ≤ I ≤ N (e.g. 2/8)",
-                crate::env::shown(s)
+                crate::shown::shown(s)
             )
         };
         let (i, n) = s.split_once('/').ok_or_else(bad)?;
@@ -46,6 +50,12 @@ impl FromStr for Partition {
         );
         if count == 0 || index == 0 || index > count {
             return Err(bad());
+        }
+        if count > MAX_SHARDS {
+            return Err(format!(
+                "partition `{}`: N = {count} shards is more than {MAX_SHARDS}, more than any plan has units (cases) to deal",
+                crate::shown::shown(s)
+            ));
         }
         Ok(Partition { index, count })
     }

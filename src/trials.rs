@@ -332,7 +332,7 @@ impl Plan {
             if !config.backends.names().contains(r) {
                 bail!(
                     "required backend `{}` is not in the configuration {} (it has: {})",
-                    crate::env::shown(r),
+                    crate::shown::shown(r),
                     config.origin,
                     config.backends.names().join(", ")
                 );

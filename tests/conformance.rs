@@ -78,6 +78,9 @@ fn main() {
     // GRPO_PARTITION=I/N: the same split as `grpo-suite run --partition I/N`, before
     // libtest's filter (a shard of the whole plan; nextest then runs its tests).
     let split = env::partition().unwrap_or_else(|e| fail(e)).map(|p| {
+        let p = p
+            .parse()
+            .unwrap_or_else(|e| fail(anyhow::anyhow!("{}: {e}", env::PARTITION)));
         let weights = env::partition_weights()
             .unwrap_or_else(|e| fail(e))
             .map(|w| Weights::read(&w).unwrap_or_else(|e| fail(e)));

@@ -674,3 +674,56 @@ fn a_trl_style_minimum_fails_the_clip_edge_case_with_the_tie_hint() {
         "{others:?}\n{out}"
     );
 }
+
+/// A whole-loss library through `from_loss_fn`, in both forms: the right function passes
+/// and its per-token outputs it does not give are "not provided"; one that normalises
+/// `grpo` by the batch's token count (bnpo's rule) fails, and the FAIL line names the loss.
+#[test]
+fn a_whole_loss_function_is_judged_as_it_is_in_both_forms() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    let entry = |a: &str, n: &str| {
+        format!(
+            "      - {{id: 'whole_loss:{a}', name: {n}, pythonpath: [{}]}}\n",
+            repo_root().join("tests/data/kernels").display()
+        )
+    };
+    std::fs::write(
+        &cfg,
+        format!(
+            "backends:\n  pjrt-cpu:\n    implementations:\n{}{}{}{}",
+            entry("ARRAYS", "whole_arrays"),
+            entry("MODEL", "whole_model"),
+            entry("ARRAYS_BNPO_RULE", "whole_arrays_bnpo_rule"),
+            entry("MODEL_BNPO_RULE", "whole_model_bnpo_rule")
+        ),
+    )
+    .unwrap();
+    let (o, d) = run(&cfg, &["--filter", "logits/f32/b2_t8_v2049/grpo/"], &[]);
+    let out = text(&o);
+    let recs = records(&d);
+    let verdicts = |imp: &str| {
+        recs.iter()
+            .filter(|r| r["implementation"] == imp)
+            .map(|r| r["verdict"].as_str().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
+    for imp in ["whole_arrays", "whole_model"] {
+        let v = verdicts(imp);
+        assert!(!v.is_empty() && v.iter().all(|v| v == "pass"), "{imp}: {v:?}\n{out}");
+    }
+    assert!(out.contains("(per_token_loss, kl, clipped, entropy not provided)"), "{out}");
+    for imp in ["whole_arrays_bnpo_rule", "whole_model_bnpo_rule"] {
+        let v = verdicts(imp);
+        assert!(!v.is_empty() && v.iter().all(|v| v == "fail"), "{imp}: {v:?}\n{out}");
+        let failing: Vec<String> = recs
+            .iter()
+            .filter(|r| r["implementation"] == imp)
+            .flat_map(|r| r["gates"].as_array().unwrap().clone())
+            .filter(|g| g["passed"] == false)
+            .map(|g| g["output"].as_str().unwrap().to_string())
+            .collect();
+        assert!(failing.iter().any(|o| o == "loss"), "{imp}: {failing:?}\n{out}");
+    }
+    assert!(out.contains("loss: FAIL"), "{out}");
+}

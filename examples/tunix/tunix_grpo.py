@@ -26,7 +26,9 @@ PAD_ID, EOS_ID = -1, -2  # no token of a case is padding to tunix: the mask says
 
 
 def config(knobs, options, platform):
-    """SPEC's knobs as tunix's GRPOConfig (set as tunix's GRPOLearner sets it)."""
+    """SPEC's knobs as tunix's GRPOConfig (set as tunix's GRPOLearner sets it). The option
+    ``kl_loss_mode`` is SPEC's k3 ("low_var_kl") unless an entry sets tunix's default,
+    "kl" (k1), which MaxText's RL trainer keeps."""
     if knobs.max_completion_length is not None:
         raise Unsupported("max_completion_length: tunix's sequence-mean-token-scale divides "
                           "by T (grpo_loss_fn passes no norm to aggregate_loss)")
@@ -34,7 +36,7 @@ def config(knobs, options, platform):
                      loss_agg_mode=AGGREGATION[knobs.loss_type],
                      loss_algo="gspo-token" if knobs.importance_sampling_level == "sequence"
                      else "grpo",
-                     kl_loss_mode="low_var_kl")  # SPEC's k3; tunix's default is "kl" (k1)
+                     kl_loss_mode=options["kl_loss_mode"])
     cfg.epsilon_high = knobs.epsilon_high
     cfg.temperature = knobs.temperature      # GRPOLearner copies the rollout's temperature
     cfg.epsilon_c = knobs.delta              # dual-clip: caps -r·A at -δ·A for A < 0
@@ -77,13 +79,14 @@ def grpo_loss(model, chosen_ids, old_logp, ref_logp, advantages, mask, beta, tem
 KNOBS = ("epsilon_low", "epsilon_high", "beta", "temperature", "delta", "loss_type",
          "importance_sampling_level", "max_completion_length")
 METRICS = {"per_token_logp": "per_token_logp", "entropy": "entropy"}
+OPTIONS = {"kl_loss_mode": "low_var_kl"}  # SPEC's k3; tunix's GRPOConfig default is "kl" (k1)
 
 LOGITS = from_loss_fn(grpo_loss, id="tunix_logits", level="logits", form="model",
                       knobs=KNOBS, config_factory=config, metrics=METRICS,
-                      model_factory=StandIn,
+                      model_factory=StandIn, default_options=OPTIONS,
                       description="tunix 0.1.7 grpo_loss_fn (algo_core.py), logits level")
 FUSED = from_loss_fn(grpo_loss, id="tunix_fused", level="fused", form="model",
                      knobs=KNOBS, config_factory=config, metrics=METRICS,
-                     model_factory=StandIn,
+                     model_factory=StandIn, default_options=OPTIONS,
                      description="tunix 0.1.7 grpo_loss_fn (algo_core.py), the stand-in model "
                                  "computing hidden @ lm_head")

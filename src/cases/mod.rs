@@ -2,7 +2,7 @@
 
 mod axes;
 mod load;
-mod profiles;
+pub mod profiles;
 mod sources;
 pub mod trajectory;
 
@@ -160,57 +160,19 @@ impl Case {
         }
     }
 
-    /// Host memory the suite itself needs for this case (inputs, oracle, one set of
-    /// outputs), in bytes, with rayon's thread count here; `None` when the count
-    /// overflows. See [`Case::host_bytes_needed_with`].
-    pub fn host_bytes_needed(&self) -> Option<u64> {
-        self.host_bytes_needed_with(rayon::current_num_threads())
-    }
-
-    /// Host memory the suite itself needs for this case when the oracle and the gates run
-    /// on `threads` threads, in bytes; `None` when the count overflows.
-    ///
-    /// - Logits level: the f32 logits and the f32 dlogits (8 bytes per element), plus
-    ///   per token row in flight (one per thread, at most one per row) three f64 rows of V
-    ///   (the oracle's exponentials and dlogits row, the gates' (value, scale) row).
-    /// - Fused level: f32 hidden and lm_head, the oracle's f64 dhidden and dlm_head, f32
-    ///   outputs of both (16 bytes per element); the oracle's f64 copy of hidden (8 bytes
-    ///   per hidden element), its widened tile of lm_head ([H, VT] f64) and its tile of
-    ///   logits ([min(rows, ROW_GROUP), VT] f64, see `oracle::fused`), the one-pass path's
-    ///   held group of whole rows ([min(rows, hold rows), V] f64, at most 1 GiB); and the three f64
-    ///   rows of V per row in flight as at the logits level.
-    /// - Per-token vectors of inputs, oracle and outputs: 64 bytes per token.
-    pub fn host_bytes_needed_with(&self, threads: usize) -> Option<u64> {
+    /// 64 bytes per element of the inputs and per token (the most any f64 copy, output
+    /// and per-token vector of the suite's take together); `None` when the count
+    /// overflows 64 bits: a shape no byte count can hold.
+    fn element_bytes(&self) -> Option<u64> {
         let s = &self.shape;
-        let v = s.v as u64;
         let rows = (s.b as u64).checked_mul(s.t as u64)?;
-        let small = rows.checked_mul(64)?;
-        let in_flight = rows.min(threads.max(1) as u64);
-        let rows_of_v = in_flight.checked_mul(3)?;
-        let big = match self.level {
-            Level::Logits => rows.checked_mul(v)?.checked_mul(8)?,
-            Level::Fused => {
-                let h = s.h.unwrap_or(0) as u64;
-                let hid = rows.checked_mul(h)?;
-                let elems = hid.checked_add(h.checked_mul(v)?)?;
-                let (vt, group) = (
-                    crate::oracle::FUSED_TILE as u64,
-                    crate::oracle::FUSED_ROW_GROUP as u64,
-                );
-                let tiles = h.checked_add(rows.min(group))?.checked_mul(vt.min(v))?;
-                // The one-pass path's held group of whole f64 rows.
-                let held = rows
-                    .min(crate::oracle::fused_hold_rows(s.v) as u64)
-                    .checked_mul(v)?;
-                elems
-                    .checked_mul(4 + 8 + 4)?
-                    .checked_add(hid.checked_mul(8)?)?
-                    .checked_add(tiles.checked_mul(8)?)?
-                    .checked_add(held.checked_mul(8)?)?
-            }
-        };
-        big.checked_add(rows_of_v.checked_mul(v)?.checked_mul(8)?)?
-            .checked_add(small)
+        let h = s.h.unwrap_or(0) as u64;
+        let elems = rows
+            .checked_mul(s.v as u64)?
+            .checked_add(rows.checked_mul(h)?)?
+            .checked_add(h.checked_mul(s.v as u64)?)?
+            .checked_add(rows)?;
+        elems.checked_mul(64)
     }
 
     /// An upper bound on |input element| the generator can produce for this case, and on
@@ -231,13 +193,13 @@ impl Case {
                     _ => sigma * DEVIATE,
                 };
                 if self.profile == DataProfile::Spike {
-                    z += crate::inputs::SPIKE as f64;
+                    z += profiles::SPIKE as f64;
                 }
                 if self.profile == DataProfile::Policy {
-                    z += crate::inputs::policy_boost(self, crate::inputs::POLICY_MARGIN_LOGITS);
+                    z += profiles::policy_boost(self, profiles::POLICY_MARGIN_LOGITS);
                 }
                 if self.mask == MaskPattern::RandomHostile {
-                    z += crate::inputs::HOSTILE_LOGIT_BUMP as f64;
+                    z += profiles::HOSTILE_LOGIT_BUMP as f64;
                 }
                 (z, z)
             }
@@ -248,7 +210,7 @@ impl Case {
                 } else {
                     sigma
                 };
-                let hidden = DEVIATE * crate::inputs::HOSTILE_HIDDEN_SCALE as f64;
+                let hidden = DEVIATE * profiles::HOSTILE_HIDDEN_SCALE as f64;
                 let head = DEVIATE * sigma / h.sqrt();
                 (hidden.max(head), h * hidden * head)
             }
@@ -323,7 +285,7 @@ impl Case {
         if s.v > i32::MAX as usize {
             return Err(format!("v={} does not fit chosen_ids (i32)", s.v));
         }
-        if self.host_bytes_needed().is_none() {
+        if self.element_bytes().is_none() {
             return Err(format!(
                 "b·t·v (and h) = {}·{}·{}{} overflows 64-bit byte counts",
                 s.b,
@@ -369,37 +331,3 @@ impl Case {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_fixed;
-
-    #[test]
-    fn host_bytes_needed_counts_the_oracle_rows_of_v() {
-        // One token at V = 2³¹−1: f32 logits and f32 dlogits are 8·V bytes, and judging
-        // the dlogits forms an f64 (value, scale) pair row of V (16·V) on top.
-        let v = i32::MAX as u64;
-        let c = parse_fixed("b: 1, t: 1, v: 2147483647").unwrap();
-        let need = c.host_bytes_needed().unwrap();
-        assert!(
-            need >= 24 * v,
-            "counts {need} bytes, less than 24·V = {}",
-            24 * v
-        );
-    }
-
-    #[test]
-    fn host_bytes_needed_counts_the_fused_oracle_copies_and_tiles() {
-        // The seeds' shape: 16 bytes per input element, 8 more per hidden element (the
-        // oracle's f64 copy), the f64 tiles [H, 2048] and [4096, 2048], and the one-pass
-        // path's held rows: 2³⁰ / (8·V) = 883 whole f64 rows.
-        let c = parse_fixed("level: fused, b: 1, t: 8192, h: 4096, v: 151936").unwrap();
-        let (rows, h, v) = (8192u64, 4096u64, 151936u64);
-        let held = (1u64 << 30) / (8 * v) * v * 8;
-        let want = 16 * (rows * h + h * v) + 8 * rows * h + 8 * (h + 4096) * 2048 + held;
-        let need = c.host_bytes_needed_with(1).unwrap();
-        assert!(
-            need >= want && need < want + (1 << 20) + 3 * 8 * v,
-            "counts {need} bytes, not {want} plus per-token vectors and one row in flight"
-        );
-    }
-}

@@ -4,6 +4,27 @@ use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
 
+/// Added to the chosen logit by the `spike` profile.
+pub const SPIKE: f32 = 25.0;
+/// |old_logp| and |ref_logp| at masked positions of the `random_hostile` mask.
+pub const HOSTILE_LOGP: f32 = 1e4;
+/// How far the chosen logit of a masked token is pushed (`random_hostile`, logits level).
+pub const HOSTILE_LOGIT_BUMP: f32 = 40.0;
+/// Scale of a masked token's hidden row (`random_hostile`, fused level).
+pub const HOSTILE_HIDDEN_SCALE: f32 = 8.0;
+
+/// How far the `policy` profile raises a row's likely token above ln V, in units of τ:
+/// at the logits level p ≈ e²/(e² + e^½) ≈ 0.82 for N(0,1) logits.
+pub const POLICY_MARGIN_LOGITS: f64 = 2.0;
+/// The same at the fused level (a little more: moving hidden along one lm_head column
+/// spreads the other logits too).
+pub const POLICY_MARGIN_FUSED: f64 = 4.0;
+
+/// The `policy` profile's raise of the likely token's logit for `case` (τ·(ln V + margin)).
+pub fn policy_boost(case: &super::Case, margin: f64) -> f64 {
+    case.knobs.temperature * ((case.shape.v as f64).ln() + margin)
+}
+
 /// How the differentiable input and old_logp are generated (see `inputs`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum DataProfile {

@@ -25,14 +25,11 @@ use rng::Stream;
 /// `mixed` advantages have both signs when B ≥ 2 (src/inputs/conditions.rs).
 pub const GENERATOR_VERSION: u32 = 2;
 
-/// Added to the chosen logit by the `spike` profile.
-pub const SPIKE: f32 = 25.0;
-/// |old_logp| and |ref_logp| at masked positions of the `random_hostile` mask.
-pub const HOSTILE_LOGP: f32 = 1e4;
-/// How far the chosen logit of a masked token is pushed (`random_hostile`, logits level).
-pub const HOSTILE_LOGIT_BUMP: f32 = 40.0;
-/// Scale of a masked token's hidden row (`random_hostile`, fused level).
-pub const HOSTILE_HIDDEN_SCALE: f32 = 8.0;
+// The profiles' magnitudes live with the profiles (the case checks its f32 range with them).
+pub use crate::cases::profiles::{
+    policy_boost, HOSTILE_HIDDEN_SCALE, HOSTILE_LOGIT_BUMP, HOSTILE_LOGP, POLICY_MARGIN_FUSED,
+    POLICY_MARGIN_LOGITS, SPIKE,
+};
 
 /// Standard deviation of the log-ratio noise between old_logp and logp.
 pub const OLD_LOGP_NOISE: f64 = 0.3;
@@ -54,18 +51,6 @@ fn near_policy_offset(s: &Stream, i: usize) -> f64 {
     } else {
         magnitude
     }
-}
-
-/// How far the `policy` profile raises a row's likely token above ln V, in units of τ:
-/// at the logits level p ≈ e²/(e² + e^½) ≈ 0.82 for N(0,1) logits.
-pub const POLICY_MARGIN_LOGITS: f64 = 2.0;
-/// The same at the fused level (a little more: moving hidden along one lm_head column
-/// spreads the other logits too).
-pub const POLICY_MARGIN_FUSED: f64 = 4.0;
-
-/// The `policy` profile's raise of the likely token's logit for `case` (τ·(ln V + margin)).
-pub fn policy_boost(case: &Case, margin: f64) -> f64 {
-    case.knobs.temperature * ((case.shape.v as f64).ln() + margin)
 }
 
 /// A token drawn from softmax(z/τ) of one row with the uniform `u` in [0, 1): the

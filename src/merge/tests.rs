@@ -233,3 +233,76 @@ fn the_pieces_of_one_shard_from_one_nextest_run_are_one_shard() {
     let other = shard_of_run(p, "1x.jsonl", 1, 2, "p", &["a", "b"], &["b"], Some("run-2"));
     assert!(refused(&out, &[a, other, c]).contains("a shard given twice"));
 }
+
+/// `path`'s record lines with `key` set to `value` (the stamp left as it is).
+fn with_field(path: &Path, key: &str, value: Value) {
+    let text: String = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut m: Map<String, Value> = serde_json::from_str(l).unwrap();
+            m.insert(key.into(), value.clone());
+            serde_json::to_string(&m).unwrap() + "\n"
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+/// Shards of one split that differ in the run's identity (what a CI matrix whose jobs
+/// check out a moving branch gives) are refused, naming the shard and the field: the
+/// tolerance scale, XLA:CPU's settings, an implementation's code digest, the
+/// configuration.
+#[test]
+fn shards_that_differ_in_the_runs_identity_are_refused_naming_the_shard_and_field() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let out = p.join("out.jsonl");
+    for (key, value, words) in [
+        ("tol_scale", Value::from(0.5), "field `tol_scale` is 0.5"),
+        ("xla_cpu", Value::from("opt_level=0 fusion_emitters=0"), "field `xla_cpu`"),
+        ("code_digest", Value::from("xxh3:edited"), "field `code_digest` of implementation `jax_baseline`"),
+        ("config_digest", Value::from("xxh3:other"), "field `config_digest`"),
+    ] {
+        let one = shard(p, "1.jsonl", 1, 2, "p", &["a"], &["a"]);
+        let two = shard(p, "2.jsonl", 2, 2, "p", &["b"], &["b"]);
+        with_field(&two, key, value);
+        let e = refused(&out, &[one, two]);
+        assert!(e.contains("2.jsonl:1") && e.contains(words), "{key}: {e}");
+    }
+    // The stamp's configuration too (the stamps of two configurations' shards).
+    let one = shard(p, "1.jsonl", 1, 2, "p", &["a"], &["a"]);
+    let two = shard(p, "2.jsonl", 2, 2, "p", &["b"], &["b"]);
+    let mut stamp = ShardStamp::read(&two).unwrap();
+    stamp.config_digest = "xxh3:other".into();
+    stamp.write(&two).unwrap();
+    let e = refused(&out, &[one, two]);
+    assert!(e.contains("field `config_digest`"), "{e}");
+}
+
+/// The output named another way than an input is still that input; a line that is not a
+/// trial record is refused; a shard with no trial (a split wider than the plan) merges;
+/// a shard's records without their stamp say the stamp is missing.
+#[test]
+fn merge_refuses_its_input_as_output_and_non_records_and_takes_an_empty_shard() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path();
+    let one = shard(p, "1.jsonl", 1, 3, "p", &["a"], &["a"]);
+    let two = shard(p, "2.jsonl", 2, 3, "p", &["b"], &["b"]);
+    let empty = shard(p, "3.jsonl", 3, 3, "p", &[], &[]);
+    let dotted = p.join(".").join("1.jsonl");
+    let e = refused(&dotted, &[one.clone(), two.clone(), empty.clone()]);
+    assert!(e.contains("the output is one of the shards"), "{e}");
+    let out = p.join("out.jsonl");
+    let m = merge(&out, &[one.clone(), two.clone(), empty.clone()], false).unwrap();
+    assert_eq!((m.shards, m.lines), (3, 2));
+    let bad = p.join("bad.jsonl");
+    std::fs::copy(&two, &bad).unwrap();
+    std::fs::copy(ShardStamp::path_for(&two), ShardStamp::path_for(&bad)).unwrap();
+    std::fs::write(&bad, "{\"name\": 3}\n").unwrap();
+    let e = refused(&out, &[one.clone(), bad, empty]);
+    assert!(e.contains("bad.jsonl:1: not a trial record"), "{e}");
+    let lost = p.join("lost.jsonl");
+    std::fs::copy(&one, &lost).unwrap();
+    let e = refused(&p.join("o2.jsonl"), &[lost]);
+    assert!(e.contains("lost.jsonl:1") && e.contains("stamp is missing"), "{e}");
+}

@@ -16,7 +16,7 @@
 //!
 //! Nothing of size [rows, V] is ever held. The f64 memory is hidden and dhidden
 //! ([rows, H]), dlm_head ([H, V]), one widened tile and one tile of logits
-//! ([`Case::host_bytes_needed`] counts them).
+//! ([`crate::host_memory::bytes_needed`] counts them).
 //!
 //! Summation order: each element of a product is a sum over its inner dimension in the
 //! order `gemm`'s blocking gives (blocks of the inner dimension in order, each summed in

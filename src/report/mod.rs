@@ -313,6 +313,13 @@ fn xla_cpu_text(run: &Run, sep: &str) -> String {
         .unwrap_or_default()
 }
 
+/// What the header says of a shard's records: that they cover one shard only.
+fn shard_text(run: &Run) -> String {
+    run.shard.as_ref().map_or(String::new(), |p| {
+        format!(" These records cover shard {p} of a split run only: `grpo-suite merge` puts the shards together.")
+    })
+}
+
 /// The tally as the header states it: `N passed, N failed, N errors, N ignored` and
 /// `N expected failures, N unexpected passes`.
 fn tally_text(t: &Tally) -> (String, String) {
@@ -501,13 +508,14 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     // Markdown.
     let (counts, expected) = tally_text(&tally);
     let mut md = format!(
-        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}{}.\n\n**{counts}, {expected}** ({} trials; {} not applicable).\n\n",
+        "# grpo-conformance report: {}\n\nsuite {}, oracle v{}, generator v{}, tolerance scale {}{}.{}\n\n**{counts}, {expected}** ({} trials; {} not applicable).\n\n",
         run_path.display(),
         run.suite,
         run.oracle_version,
         run.generator_version,
         run.tol_scale,
         xla_cpu_text(&run, ", "),
+        shard_text(&run),
         trials.len(),
         tally.not_applicable
     );
@@ -583,13 +591,14 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     let mut html = String::from("<!doctype html><html><head><meta charset=\"utf-8\"><title>grpo-conformance report</title><style>body{font-family:sans-serif;margin:24px;max-width:1400px}table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}th{background:#f5f5f5;position:sticky;top:0}.m td{text-align:center}.m td.case{text-align:left;font-family:monospace}h2{margin-top:32px}</style></head><body>");
     let _ = write!(
         html,
-        "<h1>grpo-conformance report</h1><p>{} · suite <b>{}</b> · oracle v{} · generator v{} · tolerance scale {}{}</p><p style=\"font-size:18px\"><b>{counts}</b>, {expected} ({} trials)</p>",
+        "<h1>grpo-conformance report</h1><p>{} · suite <b>{}</b> · oracle v{} · generator v{} · tolerance scale {}{}</p><p><b>{}</b></p><p style=\"font-size:18px\"><b>{counts}</b>, {expected} ({} trials)</p>",
         esc(&run_path.display().to_string()),
         esc(&run.suite),
         run.oracle_version,
         run.generator_version,
         run.tol_scale,
         esc(&xla_cpu_text(&run, " · ")),
+        esc(shard_text(&run).trim()),
         trials.len()
     );
     if let Some((_, c)) = &cmp {

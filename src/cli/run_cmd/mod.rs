@@ -100,6 +100,24 @@ pub fn run(
         return execute::worker(plan, file, &args, &opts, identity);
     }
     refuse_unblessed_user_cases(&plan, sources, args.suite)?;
+    // A split wider than the plan leaves some shards without a trial: such a shard
+    // succeeds with its stamp (and an empty records file), which `merge` takes.
+    if plan.trials.is_empty() && !args.list {
+        if let Some(s) = split {
+            let partition = s.partition;
+            let path = args.records_path()?;
+            let _writer = SingleWriter::take(&path)?;
+            shard::stamp(&path, Some(s), args.suite, &identity)?;
+            if !path.exists() {
+                std::fs::write(&path, "")?;
+            }
+            println!(
+                "shard {partition} has no trial: the split is wider than the plan's units; its stamp is written beside {} for `grpo-suite merge`",
+                path.display()
+            );
+            return Ok(());
+        }
+    }
     if plan.trials.is_empty() || args.list {
         return print_list(&plan, args.suite);
     }

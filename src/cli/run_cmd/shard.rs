@@ -48,6 +48,12 @@ pub(super) fn stamp(
             o.partition,
             o.partition
         ),
+        (None, Some(n)) if has_lines && carries_shard(path) => bail!(
+            "{} holds records of a shard (its lines carry `shard`) but its stamp `{}` is missing: put the stamp back, or give shard {} a new --records file",
+            path.display(),
+            ShardStamp::path_for(path).display(),
+            n.partition
+        ),
         (None, Some(n)) if has_lines => bail!(
             "{} holds records of an unsplit run: give shard {} its own --records file",
             path.display(),
@@ -63,4 +69,13 @@ pub(super) fn stamp(
         }
         None => Ok(()),
     }
+}
+
+/// Whether the records file's first line carries a `shard` field (a shard's records).
+fn carries_shard(path: &Path) -> bool {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.lines().find(|l| !l.trim().is_empty()).map(String::from))
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+        .is_some_and(|v| v.get("shard").is_some())
 }

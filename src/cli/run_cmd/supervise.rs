@@ -202,7 +202,14 @@ fn describe_exit(status: &std::process::ExitStatus) -> String {
                 15 => "SIGTERM",
                 _ => "signal",
             };
-            return format!("killed by {name} ({sig})");
+            // Nothing in the suite sends SIGKILL to a worker it waits for: the likeliest
+            // sender is the kernel's out-of-memory killer (its log says: `dmesg`).
+            let oom = if sig == 9 {
+                " (what the kernel's out-of-memory killer sends: `dmesg` says whether it did; the trial then needs more host memory than this machine has)"
+            } else {
+                ""
+            };
+            return format!("killed by {name} ({sig}){oom}");
         }
     }
     format!("{status}")
