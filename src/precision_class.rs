@@ -186,6 +186,11 @@ impl<'de> Deserialize<'de> for ClassRule {
                     }
                     out.insert(k, class(&v)?);
                 }
+                if out.is_empty() {
+                    return Err(D::Error::custom(
+                        "min_precision_class: {} names no class: give a class (`bf16x3`) or one per input dtype (`{bf16: bf16x3}`), or leave it out",
+                    ));
+                }
                 Ok(ClassRule::ByDtype(out))
             }
         }

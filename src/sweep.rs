@@ -115,8 +115,27 @@ pub fn ratio(o: &TrialOutcome, baseline_s: Option<f64>) -> Option<f64> {
     Some(o.roofline.as_ref()?.time_s / baseline_s.filter(|&b| b > 0.0)?)
 }
 
+/// Why an option set is out of the class the sweep compares in, if it is: its precision
+/// manifest (the class its matmuls make it, on TPU) is looser than `class`. Such a set is
+/// never the best, whatever its speed (a class is not a way around a gate).
+pub fn out_of_class(o: &TrialOutcome, class: crate::precision_class::PrecisionClass) -> Option<String> {
+    let m = o.precision.as_ref()?.expected_class();
+    (m < class).then(|| {
+        format!(
+            "OUT OF CLASS: its matmuls make it class {m} (its precision manifest), below the {class} class the sweep compares in"
+        )
+    })
+}
+
+/// The classes a TPU computes: its matmuls are bf16 passes (one, or three for `bf16x3`) or
+/// f32; there is no TF32 on a TPU.
+pub fn tpu_computes(class: crate::precision_class::PrecisionClass) -> bool {
+    class != crate::precision_class::PrecisionClass::Tf32
+}
+
 /// Whether a compiled row is within the budgets (its verdict says so: run_trial judged
-/// the memory budget and, when configured, the speed budget).
+/// the memory budget and, when configured, the speed budget; an option set out of the
+/// sweep's class fails).
 pub fn within(o: &TrialOutcome) -> bool {
     o.verdict == Verdict::Pass && o.roofline.is_some()
 }

@@ -80,8 +80,8 @@ pub enum Work {
         implementation: String,
         /// The case.
         case: Arc<Case>,
-        /// The expected-failure entry that covers it.
-        expected: Option<ExpectedFailure>,
+        /// The expected-failure entries that cover it (each one's figures are checked).
+        expected: Vec<ExpectedFailure>,
     },
     /// Golden-file check (or bless) of a case.
     Golden(Arc<Case>),
@@ -97,8 +97,8 @@ pub enum Work {
         case: Arc<Case>,
         /// The trajectory.
         spec: crate::trajectory::TrajectorySpec,
-        /// The expected-failure entry that covers it (the case's).
-        expected: Option<ExpectedFailure>,
+        /// The expected-failure entries that cover it (each one's figures are checked).
+        expected: Vec<ExpectedFailure>,
         /// The precision class it must reach (docs/spec.md, "Precision classes").
         required: PrecisionClass,
     },
@@ -406,9 +406,26 @@ impl Plan {
             }
         }
 
+        // An expected failure's `|` alternative that matches no case is a typo too.
+        for (k, e) in config.expected_failures.iter().enumerate().filter(|_| own_matrix) {
+            if let Some(alt) = dead_alternative(&e.cases, &matrix.suite(Suite::Full)) {
+                bail!(
+                    "{}: expected_failures[{k}] ({}): cases alternative \"{alt}\" matches no case of the matrix (a typo?)",
+                    config.origin,
+                    e.describe()
+                );
+            }
+        }
+
         // An entry's case glob that matches no case of the matrix is a typo, not a choice.
         for b in names.iter().filter(|_| own_matrix) {
             for (i, g) in configured_implementations(config, b) {
+                if let Some(alt) = g
+                    .as_deref()
+                    .and_then(|g| dead_alternative(g, &matrix.suite(Suite::Full)))
+                {
+                    bail!("{}: backend `{b}`, implementation `{i}`: cases alternative \"{alt}\" matches no case of the matrix (a typo?)", config.origin);
+                }
                 // A negated glob must leave some case too: `!*` runs nothing.
                 if let Some(g) = g.filter(|g| {
                     let plain = g.strip_prefix('!').unwrap_or(g);
@@ -420,6 +437,7 @@ impl Plan {
                 }) {
                     bail!("{}: backend `{b}`, implementation `{i}`: cases \"{g}\" selects no case of the matrix", config.origin);
                 }
+
             }
         }
         for (b, list) in config
@@ -497,8 +515,9 @@ impl Plan {
                     let expected = config
                         .expected_failures
                         .iter()
-                        .find(|e| e.matches(b, imp, &c.id))
-                        .cloned();
+                        .filter(|e| e.matches(b, imp, &c.id))
+                        .cloned()
+                        .collect();
                     trials.push(Trial {
                         name: format!("{b}/{imp}/{}", c.id),
                         key: (b.clone(), imp.clone(), c.id.clone()),
@@ -518,8 +537,9 @@ impl Plan {
                         let expected = config
                             .expected_failures
                             .iter()
-                            .find(|e| e.matches_trajectory(b, imp, &key))
-                            .cloned();
+                            .filter(|e| e.matches_trajectory(b, imp, &key))
+                            .cloned()
+                            .collect();
                         trials.push(Trial {
                             name: format!("trajectory/{b}/{imp}/{}/{}", c.id, spec.label()),
                             key: (b.clone(), imp.clone(), format!("{}/{}", c.id, spec.label())),
@@ -782,7 +802,7 @@ impl Plan {
                         o
                     }
                 };
-                crate::judge::expected::apply(&mut o, expected.as_ref());
+                crate::judge::expected::apply(&mut o, expected);
                 o
             }
             Work::Golden(case) if case.compile_only => {
@@ -863,7 +883,7 @@ impl Plan {
                         }
                     }
                 }
-                crate::judge::expected::apply(&mut o, expected.as_ref());
+                crate::judge::expected::apply(&mut o, expected);
                 o
             }
             Work::TrajectoryShouldFail => self.trajectory_should_fail(t),
@@ -1092,6 +1112,24 @@ pub const COMPILE_ONLY: &str =
     "compile-only case: only backends that compile without executing (tpu-aot) run it";
 /// Why a `compile_only` case has no golden check.
 pub const COMPILE_ONLY_GOLDEN: &str = "compile-only case: no inputs, oracle or golden values";
+
+/// The first `|` alternative of a cases glob (negated or not) that matches no case id
+/// (a glob of one alternative is checked whole elsewhere). Trajectory keys
+/// (`<case id>/<trajectory>`) are matched by their case id's prefix.
+fn dead_alternative<'a>(glob: &'a str, cases: &[&Case]) -> Option<&'a str> {
+    let plain = glob.strip_prefix('!').unwrap_or(glob);
+    if !plain.contains('|') {
+        return None;
+    }
+    plain.split('|').find(|alt| {
+        !cases.iter().any(|c| {
+            crate::config::glob_match(alt, &c.id)
+                || c.trajectories
+                    .iter()
+                    .any(|t| crate::config::glob_match(alt, &format!("{}/{}", c.id, t.label())))
+        })
+    })
+}
 
 #[cfg(test)]
 mod filter_tests {

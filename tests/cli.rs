@@ -864,7 +864,7 @@ fn implementation_typos_and_bad_options_are_config_errors() {
         )
         .0,
     );
-    assert!(e.contains("selects no implementation"), "{e}");
+    assert!(e.contains("backend `reference` lists no implementation"), "{e}");
     let e = stderr(
         &run_with(
             "backends:\n  reference: {implementations: [naive_f64]}\n",
@@ -2785,5 +2785,27 @@ mod nextest {
         );
         let ids = grpo_conformance::run_identity::read(&rec).unwrap();
         assert!(ids.iter().all(|(_, r)| r.config_digest.is_some()));
+    }
+}
+
+/// A `|` alternative of a cases glob that matches no case is a typo: refused in one line,
+/// for an implementation entry and for an expected failure, though the other alternatives
+/// match.
+#[test]
+fn a_glob_alternative_that_matches_no_case_is_refused() {
+    for (config, want) in [
+        (
+            "backends:\n  reference:\n    implementations: [oracle]\n  pjrt-cpu:\n    implementations: [{id: jax_baseline, cases: \"fused/bf16*/*|fused/f16*/*\"}]\n",
+            "cases alternative \"fused/f16*/*\" matches no case",
+        ),
+        (
+            "backends:\n  reference:\n    implementations: [naive_f32]\nexpected_failures:\n  - {implementation: naive_f32, cases: \"logits/f32/*|logits/f64/*\", reason: r, expect: {loss: 1.0}}\n",
+            "expected_failures[0] (naive_f32 on logits/f32/*|logits/f64/*): cases alternative \"logits/f64/*\"",
+        ),
+    ] {
+        let (o, _d) = run_with(config, &["--suite", "smoke", "--list"], &[]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{e}");
+        assert!(e.contains(want) && e.trim().lines().count() == 1, "{e}");
     }
 }

@@ -234,6 +234,11 @@ mod imp {
             config.min_precision_class.as_ref(),
             case.dtype,
         );
+        if !sweep::tpu_computes(class) {
+            bail!(
+                "class {class}: no TPU computes it (a TPU's matmuls are bf16 passes or f32; docs/spec.md, \"Precision classes\"): sweep within f32, bf16x3 or bf16"
+            );
+        }
         let dz = class.baseline_dz_precision();
         let mut base_entry = ImplEntry::Id(BASELINE.into()).resolved();
         if dz != "default" {
@@ -377,6 +382,12 @@ mod imp {
                     Ok(()) => run_trial(&b, name, &case, None, &opts),
                 };
                 o.kind = TrialKind::Sweep;
+                if let Some(why) = sweep::out_of_class(&o, class)
+                    .filter(|_| matches!(o.verdict, Verdict::Pass | Verdict::Fail))
+                {
+                    o.verdict = Verdict::Fail;
+                    o.detail = Some(why);
+                }
                 if o.verdict == Verdict::Pass && o.roofline.is_none() {
                     o.verdict = Verdict::Error(format!(
                         "no roofline: {}",
@@ -477,6 +488,9 @@ mod imp {
             let topo = t.clone();
             let status = match &o.verdict {
                 Verdict::Pass => "yes".to_string(),
+                Verdict::Fail if o.detail.as_deref().is_some_and(|d| d.starts_with("OUT OF CLASS")) => {
+                    "yes, OUT OF CLASS".to_string()
+                }
                 Verdict::Fail => "yes, over budget".to_string(),
                 Verdict::Ignored(r) => format!(
                     "refused: {}",

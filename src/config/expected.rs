@@ -95,7 +95,7 @@ pub struct ExpectedFailure {
     /// or `[least, most]` over the trials the entry covers. Each
     /// names the kind of failure it stands for; a trial that fails otherwise, or whose
     /// figure moved past `margin`, reports the entry stale. Required unless `errors`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "expect_map")]
     pub expect: std::collections::BTreeMap<String, crate::judge::figure::Expect>,
     /// How far a figure may move, as a fraction of it (default 0.10: ±10 %).
     #[serde(default)]
@@ -119,6 +119,22 @@ pub enum ExpectedKind {
 
 fn star() -> String {
     "*".into()
+}
+
+/// `expect:`, each value read with its figure's name in the message when it is not a
+/// number or a `[least, most]` pair.
+fn expect_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<std::collections::BTreeMap<String, crate::judge::figure::Expect>, D::Error> {
+    use serde::de::Error;
+    let raw = std::collections::BTreeMap::<String, serde_yaml_ng::Value>::deserialize(d)?;
+    raw.into_iter()
+        .map(|(k, v)| {
+            serde_yaml_ng::from_value(v)
+                .map(|e| (k.clone(), e))
+                .map_err(|e| D::Error::custom(format!("figure `{k}`: {e}")))
+        })
+        .collect()
 }
 
 impl ExpectedFailure {

@@ -106,6 +106,36 @@ struct Extension {
     min_precision_class: Option<crate::precision_class::ClassRule>,
 }
 
+/// How deep `{`/`[` may nest in a configuration: far more than any configuration needs,
+/// and a bound on the YAML parser's recursion (200,000 nested braces took it minutes).
+pub const MAX_NESTING: usize = 64;
+
+/// Refuses text whose flow collections (`{`, `[`, outside quoted strings and comments)
+/// nest deeper than [`MAX_NESTING`], naming the line, before the YAML parser sees it.
+fn check_nesting(text: &str, origin: &str) -> Result<()> {
+    let mut depth = 0usize;
+    for (k, line) in text.lines().enumerate() {
+        let mut quote: Option<char> = None;
+        for ch in line.chars() {
+            match (quote, ch) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), _) => {}
+                (None, '\'' | '"') => quote = Some(ch),
+                (None, '#') => break,
+                (None, '{' | '[') => {
+                    depth += 1;
+                    if depth > MAX_NESTING {
+                        bail!("{origin}: line {}: `{{`/`[` nest deeper than {MAX_NESTING}: not a configuration", k + 1);
+                    }
+                }
+                (None, '}' | ']') => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Whether YAML `text` has `key` at the top level (a line starting `key:`).
 fn top_level_key(text: &str, key: &str) -> bool {
     // Read as YAML, so a quoted (`"extends": …`) or flow-style (`{extends: …}`) key counts.
@@ -151,6 +181,7 @@ impl Config {
     /// [`Config::parse`] without [`Config::fold_class_rule`] (a base that an extension may
     /// give another `min_precision_class`).
     fn parse_unfolded(text: &str, origin: &str) -> Result<Config> {
+        check_nesting(text, origin)?;
         if top_level_key(text, "extends") {
             bail!("{origin}: `extends` names a base configuration relative to this file; read it with --config FILE");
         }
@@ -200,6 +231,7 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config {}", path.display()))?;
         let origin = path.display().to_string();
+        check_nesting(&text, &origin)?;
         let dir = match path.parent() {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
@@ -900,5 +932,49 @@ mod shipped {
                 "{tpu}"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod rule_tests {
+    use super::Config;
+
+    /// Configurations that would check nothing, or hang the parser, are refused in one
+    /// line that names what and where.
+    #[test]
+    fn rules_that_accept_what_checks_nothing_are_refused() {
+        for (text, want) in [
+            (
+                "backends:\n  pjrt-cpu: {implementations: [jax_baseline]}\nexpected_failures:\n  - {implementation: jax_baseline, reason: r, expect: {dlm_head: high}}\n",
+                "figure `dlm_head`: a figure's value is a number",
+            ),
+            (
+                "min_precision_class: {}\nbackends:\n  pjrt-cpu: {implementations: [jax_baseline]}\n",
+                "names no class",
+            ),
+            (
+                "backends:\n  pjrt-cpu: {implementations: [{id: jax_baseline, min_precision_class: {}}]}\n",
+                "names no class",
+            ),
+            (
+                "backends:\n  reference: {implementations: [{id: oracle, min_precision_class: bf16}]}\n",
+                "nothing on `reference` is judged by class",
+            ),
+            (
+                "backends:\n  pjrt-cpu: {implementations: []}\n",
+                "backend `pjrt-cpu` lists no implementation",
+            ),
+        ] {
+            let e = Config::parse(text, "c.yaml").unwrap_err().to_string();
+            assert!(e.contains(want) && !e.contains('\n'), "{text}: {e}");
+        }
+        let deep = format!("backends: {}1{}\n", "{a: ".repeat(100_000), "}".repeat(100_000));
+        let t = std::time::Instant::now();
+        let e = Config::parse(&deep, "c.yaml").unwrap_err().to_string();
+        assert!(e.contains("nest deeper than 64"), "{e}");
+        assert!(t.elapsed().as_secs() < 5);
+        // Quoted braces and comments are not nesting.
+        let quoted = format!("# {}\nbackends:\n  reference: {{implementations: [oracle]}}\nexpected_failures: []\n", "{".repeat(100));
+        Config::parse(&quoted, "c.yaml").unwrap();
     }
 }

@@ -11,36 +11,39 @@ use crate::outcome::TrialOutcome;
 /// fraction of the entry's figure (±10 %), unless the entry sets `margin`.
 pub const DEFAULT_MARGIN: f64 = 0.10;
 
-/// Applies `expected` (if any) to a judged trial. A failure is expected when every figure
-/// the entry states was measured within its margin and every kind of failure the trial
-/// shows is one of the entry's; otherwise the verdict is [`Verdict::Stale`], naming the
-/// entry's and the measured figures. A pass is an unexpected pass. An error (the trial
-/// was not judged) is expected only under an entry with `errors: true`; under any other
-/// entry it stays an error, which names the entry.
-pub fn apply(o: &mut TrialOutcome, expected: Option<&ExpectedFailure>) {
-    let Some(e) = expected else { return };
+/// Applies the entries that cover a judged trial (none: nothing to do). A failure is
+/// expected when every figure each entry states was measured within that entry's margin
+/// and every kind of failure the trial shows is one some entry states; otherwise the
+/// verdict is [`Verdict::Stale`], naming the entry and the measured figures. Several
+/// entries may cover one trial (a base configuration's and its child's, or one per cause):
+/// every one's figures are checked, none is overruled. A pass is an unexpected pass. An
+/// error (the trial was not judged) is expected only under an entry with `errors: true`;
+/// under the others it stays an error, which names them.
+pub fn apply(o: &mut TrialOutcome, expected: &[ExpectedFailure]) {
+    if expected.is_empty() {
+        return;
+    }
+    let describe = expected.iter().map(|e| e.describe()).collect::<Vec<_>>().join("; ");
+    let reasons = expected
+        .iter()
+        .map(|e| format!("{} ({})", e.reason, e.describe()))
+        .collect::<Vec<_>>()
+        .join("; ");
     o.verdict = match std::mem::replace(&mut o.verdict, Verdict::Pass) {
-        Verdict::Fail => match stale(o, e) {
-            Some(why) => Verdict::Stale(format!(
-                "{why}; update the expected failure {} ({}){}",
-                e.describe(),
-                e.reason,
-                if e.at.is_empty() { String::new() } else { format!(" at {}", e.at) }
-            )),
-            None => Verdict::ExpectedFail(format!("{} ({})", e.reason, e.describe())),
+        Verdict::Fail => match stale_all(o, expected) {
+            Some(why) => Verdict::Stale(why),
+            None => Verdict::ExpectedFail(reasons),
         },
-        Verdict::Error(msg) if e.errors => {
-            Verdict::ExpectedFail(format!("{} ({}): {msg}", e.reason, e.describe()))
+        Verdict::Error(msg) if expected.iter().any(|e| e.errors) => {
+            Verdict::ExpectedFail(format!("{reasons}: {msg}"))
         }
         Verdict::Error(msg) => Verdict::Error(format!(
-            "{msg} [not judged, so not covered by the expected failure {} (it covers \
-             failures; `errors: true` makes it cover errors)]",
-            e.describe()
+            "{msg} [not judged, so not covered by the expected failure {describe} (it covers \
+             failures; `errors: true` makes it cover errors)]"
         )),
         Verdict::Pass => Verdict::UnexpectedPass(format!(
-            "passed, but the configuration lists it as an expected failure ({}: {}); remove the entry",
-            e.describe(),
-            e.reason
+            "passed, but the configuration lists it as an expected failure ({describe}: {}); remove the entry",
+            expected.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>().join("; ")
         )),
         other => other,
     };
@@ -49,30 +52,47 @@ pub fn apply(o: &mut TrialOutcome, expected: Option<&ExpectedFailure>) {
 /// Why a failed trial is not the failure `e` states, if it is not: a figure not measured
 /// or moved past the margin, or a kind of failure the entry does not name.
 pub fn stale(o: &TrialOutcome, e: &ExpectedFailure) -> Option<String> {
-    let margin = e.margin.unwrap_or(DEFAULT_MARGIN);
+    stale_all(o, std::slice::from_ref(e))
+}
+
+/// [`stale`] over every entry covering the trial: each entry's figures within its margin,
+/// and every kind the trial failed on stated by one of them.
+fn stale_all(o: &TrialOutcome, entries: &[ExpectedFailure]) -> Option<String> {
     let mut why = Vec::new();
-    // `errors: true` covers what is not judged, a contract breach included.
-    let mut kinds: Vec<Reason> = if e.errors {
-        vec![Reason::Contract]
-    } else {
-        Vec::new()
-    };
-    for (name, &want) in &e.expect {
-        let Some(f) = Figure::parse(name) else {
-            why.push(format!("unknown figure `{name}`"));
-            continue;
-        };
-        kinds.push(f.reason());
-        match measured(f, o) {
-            None => why.push(format!(
-                "expects {name} {want}, but the trial measured none"
-            )),
-            Some(got) if !want.admits(got, margin) => why.push(format!(
-                "{name} moved: the entry says {want}, this run measured {} (margin ±{:.0} %)",
-                fmt(got),
-                100.0 * margin
-            )),
-            Some(_) => {}
+    let mut kinds: Vec<Reason> = Vec::new();
+    for e in entries {
+        let margin = e.margin.unwrap_or(DEFAULT_MARGIN);
+        // `errors: true` covers what is not judged, a contract breach included.
+        if e.errors {
+            kinds.push(Reason::Contract);
+        }
+        let mut moved = Vec::new();
+        for (name, &want) in &e.expect {
+            let Some(f) = Figure::parse(name) else {
+                moved.push(format!("unknown figure `{name}`"));
+                continue;
+            };
+            kinds.push(f.reason());
+            match measured(f, o) {
+                None => moved.push(format!(
+                    "expects {name} {want}, but the trial measured none"
+                )),
+                Some(got) if !want.admits(got, margin) => moved.push(format!(
+                    "{name} moved: the entry says {want}, this run measured {} (margin ±{:.0} %)",
+                    fmt(got),
+                    100.0 * margin
+                )),
+                Some(_) => {}
+            }
+        }
+        if !moved.is_empty() {
+            why.push(format!(
+                "{}; update the expected failure {} ({}){}",
+                moved.join("; "),
+                e.describe(),
+                e.reason,
+                if e.at.is_empty() { String::new() } else { format!(" at {}", e.at) }
+            ));
         }
     }
     let other: Vec<&str> = o
@@ -82,9 +102,22 @@ pub fn stale(o: &TrialOutcome, e: &ExpectedFailure) -> Option<String> {
         .map(|r| r.name())
         .collect();
     if !other.is_empty() {
+        let at: Vec<String> = entries
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}{}",
+                    e.describe(),
+                    if e.at.is_empty() { String::new() } else { format!(" at {}", e.at) }
+                )
+            })
+            .collect();
         why.push(format!(
-            "it failed on {} too, which the entry does not state",
-            other.join(", ")
+            "it failed on {} too, which the expected failure{} {} {} not state",
+            other.join(", "),
+            if entries.len() == 1 { "" } else { "s" },
+            at.join("; "),
+            if entries.len() == 1 { "does" } else { "do" }
         ));
     }
     (!why.is_empty()).then(|| why.join("; "))

@@ -87,8 +87,7 @@ impl Figure {
 
 /// An expected figure: one value, or the range `[least, most]` the figure spans over the
 /// trials an entry covers (several cases, say).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Expect {
     /// One value.
     One(f64),
@@ -140,6 +139,27 @@ impl std::fmt::Display for Expect {
         match *self {
             Expect::One(v) => f.write_str(&one(v)),
             Expect::Range([a, b]) => write!(f, "[{}, {}]", one(a), one(b)),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Expect {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            One(f64),
+            Range([f64; 2]),
+            Other(serde_yaml_ng::Value),
+        }
+        match Raw::deserialize(d)? {
+            Raw::One(v) => Ok(Expect::One(v)),
+            Raw::Range(r) => Ok(Expect::Range(r)),
+            Raw::Other(v) => Err(D::Error::custom(format!(
+                "a figure's value is a number (`2.4e-3`) or `[least, most]`, not {}",
+                serde_yaml_ng::to_string(&v).unwrap_or_default().trim()
+            ))),
         }
     }
 }

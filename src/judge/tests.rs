@@ -171,7 +171,7 @@ fn over_memory() -> crate::outcome::TrialOutcome {
 }
 
 fn judged(mut o: crate::outcome::TrialOutcome, e: &ExpectedFailure) -> Verdict {
-    expected::apply(&mut o, Some(e));
+    expected::apply(&mut o, std::slice::from_ref(e));
     o.verdict
 }
 
@@ -240,7 +240,7 @@ fn a_failure_of_another_kind_than_the_entry_states_is_stale() {
     }
     let t = crate::tally::Tally::of([&{
         let mut o = over_memory();
-        expected::apply(&mut o, Some(&e));
+        expected::apply(&mut o, std::slice::from_ref(&e));
         o
     }]);
     assert!(t.stale == 1 && !t.green());
@@ -317,5 +317,24 @@ fn a_non_finite_output_is_stated_by_its_count() {
     match judged(nan(0), &e) {
         Verdict::Stale(m) => assert!(m.contains("non_finite_loss moved"), "{m}"),
         v => panic!("{v:?}"),
+    }
+}
+
+/// Two entries covering one trial (a base configuration's and a child's, or one per
+/// cause): both entries' figures are checked; neither overrules the other.
+#[test]
+fn every_entry_covering_a_trial_is_checked() {
+    let right = entry("{implementation: ran, reason: base, expect: {peak_over_floor: 1.45}}");
+    let wrong = entry("{implementation: ran, reason: child, expect: {peak_over_floor: 2.0}}");
+    let mut o = over_memory();
+    expected::apply(&mut o, &[right.clone(), right.clone()]);
+    assert!(matches!(o.verdict, Verdict::ExpectedFail(_)), "{:?}", o.verdict);
+    for pair in [[right.clone(), wrong.clone()], [wrong, right]] {
+        let mut o = over_memory();
+        expected::apply(&mut o, &pair);
+        match &o.verdict {
+            Verdict::Stale(m) => assert!(m.contains("the entry says 2") && m.contains("(child)"), "{m}"),
+            v => panic!("{v:?}"),
+        }
     }
 }

@@ -35,7 +35,7 @@ fn ci_trials() -> Vec<Trial> {
                     },
                     implementation: "x".into(),
                     case: c.clone(),
-                    expected: None,
+                    expected: Vec::new(),
                 },
             });
         }

@@ -55,6 +55,13 @@ impl ReferenceConfig {
                     c.id
                 );
             }
+            // The references have no trajectory of their own to reach a class with.
+            if c.min_precision_class.is_some() {
+                anyhow::bail!(
+                    "{origin}: backend `reference`, implementation `{}`: min_precision_class judges an implementation's trajectories, and nothing on `reference` is judged by class; move it to an executing backend's entry",
+                    c.id
+                );
+            }
         }
         Ok(())
     }
