@@ -479,6 +479,7 @@ mod tests {
                 sign_agreement: None,
                 expected_class: None,
                 left_out: Vec::new(),
+                emulation_gap: None,
             });
             r.trials.insert(o.name.clone(), o);
             r

@@ -247,6 +247,17 @@ pub fn required(
 
 #[cfg(test)]
 mod tests {
+
+    /// The class each input dtype requires by default: 16-bit inputs (bf16 and f16 alike)
+    /// the `bf16` class, f32 inputs `f32` (docs/spec.md, "Precision classes").
+    #[test]
+    fn the_default_class_of_each_input_dtype() {
+        assert_eq!(PrecisionClass::default_for(DType::F32), PrecisionClass::F32);
+        assert_eq!(PrecisionClass::default_for(DType::Bf16), PrecisionClass::Bf16);
+        assert_eq!(PrecisionClass::default_for(DType::F16), PrecisionClass::Bf16);
+        assert_eq!(required(None, None, DType::F16), PrecisionClass::Bf16);
+    }
+
     use super::*;
 
     /// bf16 rounding agrees with the `half` crate's (round to nearest even); TF32 keeps

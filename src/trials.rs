@@ -873,6 +873,11 @@ impl Plan {
                                     Ok(mut rec) => {
                                         rec.expected_class =
                                             f.precision().map(|p| p.expected_class());
+                                        // pjrt-cpu emulates the accelerator: a class
+                                        // beyond the manifest's is an emulation gap.
+                                        if b.starts_with("pjrt-cpu") {
+                                            rec.emulation_gap = rec.above_manifest();
+                                        }
                                         o.detail = Some(rec.summary());
                                         o.trajectory = Some(rec);
                                         crate::judge::judge_trajectory(&mut o);

@@ -257,6 +257,10 @@ impl BackendsConfig {
     /// Checks every section's settings.
     pub fn validate(&self, origin: &str) -> Result<()> {
         for (k, s) in &self.sections {
+            // A section that lists nothing checks nothing: a configuration says so.
+            if s.entries().is_empty() {
+                anyhow::bail!("{origin}: backend `{k}` lists no implementation (`implementations: []`): name some, or leave the backend out");
+            }
             s.validate(origin, k)?;
         }
         Ok(())

@@ -267,9 +267,6 @@ pub fn check_implementations(
     backend_topologies: &[String],
     list: &[ImplEntry],
 ) -> Result<()> {
-    if list.is_empty() {
-        bail!("{origin}: backend `{backend}` lists no implementation (`implementations: []`): name some, or leave the backend out");
-    }
     let mut names: Vec<String> = Vec::new();
     for e in list {
         let c = e.resolved();

@@ -537,6 +537,19 @@ mod tests {
             assert!(policy >= 0.6, "{dims}: {policy}");
             assert_eq!(normal, 0.0, "{dims}");
         }
+        // At τ ≠ 1 too: the likely token is raised by τ·(ln V + margin) and the chosen one
+        // sampled from softmax(z/τ), so its p_y under z/τ stays high (sampling from
+        // softmax(z) at τ = 0.5 would pick uniform-ish tokens: the share falls).
+        for dims in [
+            "b: 4, t: 16, v: 2049, temperature: 0.5",
+            "b: 4, t: 16, v: 2049, temperature: 2.0",
+            "b: 4, t: 16, v: 2049, h: 64, level: fused, temperature: 0.5",
+        ] {
+            let policy = confident_share(&format!("{dims}, profile: policy"));
+            // (At τ = 0.5 the other logits spread as N(0, 4) in z/τ, so about half the
+            // rows are confident; sampled from softmax(z), a sixteenth.)
+            assert!(policy >= 0.3, "{dims}: {policy}");
+        }
         // Sampled, not forced: some rows pick another token than the likely one.
         let c = parse_fixed("b: 8, t: 64, v: 1000, profile: policy").unwrap();
         let (_, st) = Inputs::generate_with_stats(&c);

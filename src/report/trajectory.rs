@@ -279,6 +279,7 @@ mod tests {
             sign_agreement: None,
             expected_class: None,
             left_out: Vec::new(),
+            emulation_gap: None,
         }
     }
 

@@ -71,6 +71,11 @@ pub struct TrajectoryRecord {
     /// `per_token_logp`: a whole-loss library). Never an error.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub left_out: Vec<String>,
+    /// On a backend that emulates an accelerator (pjrt-cpu): why the class reached is
+    /// stricter than the precision manifest implies ([`TrajectoryRecord::above_manifest`]):
+    /// the emulation did not compute what the accelerator would. Fails the trial.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emulation_gap: Option<String>,
 }
 
 /// The gate against one precision class's honest loop.
@@ -93,10 +98,42 @@ impl TrajectoryRecord {
     /// Whether the trial passes: the class reached is at least the one required (a record
     /// without classes: the plain-f32 gate).
     pub fn passed(&self) -> bool {
-        match self.required_class {
-            Some(r) => self.class.is_some_and(|c| c >= r),
-            None => self.judgement.passed,
+        self.emulation_gap.is_none()
+            && match self.required_class {
+                Some(r) => self.class.is_some_and(|c| c >= r),
+                None => self.judgement.passed,
+            }
+    }
+
+    /// Why the class reached is stricter than the precision manifest implies, when the
+    /// trajectory can tell: the manifest class's own honest loop fails the plain-f32 gate
+    /// (it is told apart from f32 here) while the implementation reaches a stricter class.
+    /// On a backend that emulates the accelerator that means the module did not compute
+    /// what the accelerator would (SGD trajectories often cannot tell: none is reported).
+    pub fn above_manifest(&self) -> Option<String> {
+        let (e, c) = (self.expected_class?, self.class?);
+        if c <= e {
+            return None;
         }
+        let loop_e = self.classes.iter().find(|v| v.class == e)?;
+        let as_impl: Vec<StepPoint> = self
+            .points
+            .iter()
+            .zip(&loop_e.steps)
+            .map(|(p, s)| StepPoint {
+                drift_implementation: s.drift,
+                branch_flips: Some(0),
+                ambiguous_flips: 0,
+                ..*p
+            })
+            .collect();
+        let told_apart = verdict::judge(&as_impl, self.judgement.k, self.spec.steps);
+        (!told_apart.passed).then(|| {
+            format!(
+                "class {c}, above the {e} its precision manifest implies, where the {e}-class loop is told apart from f32 ({}): the emulation did not compute what the accelerator would",
+                told_apart.message
+            )
+        })
     }
 
     /// The gate against the required class's loop (the plain-f32 one without classes).
@@ -147,13 +184,17 @@ impl TrajectoryRecord {
             ),
             _ => String::new(),
         };
+        let gap = self
+            .emulation_gap
+            .as_ref()
+            .map_or(String::new(), |g| format!("; FAIL: {g}"));
         let left_out = if self.left_out.is_empty() {
             String::new()
         } else {
             format!("; left out: {}", self.left_out.join("; "))
         };
         format!(
-            "{head}{manifest}; drift/bound per class: {per_class}; against the {required} loop: {}{left_out}",
+            "{head}{manifest}{gap}; drift/bound per class: {per_class}; against the {required} loop: {}{left_out}",
             self.required_judgement().message
         )
     }
@@ -227,6 +268,7 @@ pub fn execute(
         sign_agreement: Some(series.sign_agreement.1),
         expected_class: None,
         left_out: series.left_out,
+        emulation_gap: None,
     })
 }
 

@@ -563,3 +563,25 @@ fn an_implementation_without_clipped_is_judged_on_its_drift() {
         assert!(r.judgement.message.contains("parameter drift"), "{}", r.judgement.message);
     }
 }
+
+/// A class stricter than the precision manifest implies is reported when the trajectory
+/// can tell (the manifest class's loop is told apart from f32: bf16 Adam), not where it
+/// cannot (bf16 SGD, whose bf16 loop stays within the f32 envelope).
+#[test]
+fn a_class_above_the_manifests_is_reported_where_the_trajectory_can_tell() {
+    let case = smoke_case("bf16");
+    for (opt, tells) in [(Optimizer::Adam, true), (Optimizer::Sgd, false)] {
+        let spec = spec_of(&case, opt);
+        let mut rec = judged(&case, &spec, &mut honest(), PrecisionClass::Bf16);
+        assert_eq!(rec.class, Some(PrecisionClass::F32), "{}", rec.summary());
+        assert_eq!(rec.above_manifest(), None, "no manifest, nothing to compare");
+        rec.expected_class = Some(PrecisionClass::Bf16);
+        let gap = rec.above_manifest();
+        assert_eq!(gap.is_some(), tells, "{}: {gap:?}", opt.name());
+        if let Some(g) = gap {
+            assert!(g.contains("above the bf16 its precision manifest implies"), "{g}");
+            rec.emulation_gap = Some(g);
+            assert!(!rec.passed() && rec.summary().contains("FAIL: class f32"), "{}", rec.summary());
+        }
+    }
+}
