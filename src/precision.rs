@@ -152,6 +152,10 @@ pub struct PrecisionReport {
     /// On `cpu`: the accelerator whose precision the export emulated (`tpu`, `gpu`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub emulates: Option<String>,
+    /// The class the implementation's options name (dz rounded before bf16 × bf16
+    /// products, which no f32 dot shows), if any: part of [`PrecisionReport::expected_class`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub option_class: Option<PrecisionClass>,
 }
 
 impl PrecisionReport {
@@ -186,6 +190,7 @@ impl PrecisionReport {
             message,
             round_trips: round_trips.to_vec(),
             emulates: None,
+            option_class: None,
         })
     }
 
@@ -205,8 +210,24 @@ impl PrecisionReport {
         self.dots
             .iter()
             .map(|d| d.class_on(&self.platform))
+            .chain(self.option_class)
             .min()
             .unwrap_or(PrecisionClass::F32)
+    }
+
+    /// A report of a module with nothing to say but its platform (no f32 dot, no round
+    /// trip): the holder of an option class.
+    pub fn empty(platform: &str) -> Self {
+        PrecisionReport {
+            platform: platform.to_string(),
+            dots: Vec::new(),
+            declared: None,
+            passed: true,
+            message: None,
+            round_trips: Vec::new(),
+            emulates: None,
+            option_class: None,
+        }
     }
 
     /// The table's note when it matters: `3 f32 matmuls at DEFAULT (emulated as tpu)`, or

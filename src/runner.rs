@@ -321,7 +321,7 @@ mod tests {
         )
         .unwrap();
         let p = Prepared::new(&case);
-        let outputs = crate::backends::reference::oracle_outputs(&case, &p.inputs);
+        let outputs = crate::oracle::outputs::oracle_outputs(&case, &p.inputs);
         assert!(p.oracle.fused_grads_cached().is_none());
         let before = FUSED_GRADS_COMPUTED.with(|c| c.get());
         let first = gates::judge(&case, &p.inputs, &p.oracle, &outputs);
@@ -348,7 +348,8 @@ mod tests {
     /// record says where the time went.
     #[test]
     fn the_oracle_trial_reuses_its_prepared_oracle() {
-        use crate::backends::reference::{oracle_outputs, ReferenceBackend, EVALUATIONS};
+        use crate::backends::reference::ReferenceBackend;
+        use crate::oracle::outputs::{oracle_outputs, EVALUATIONS};
         use crate::oracle::FUSED_GRADS_COMPUTED;
         let backend = ReferenceBackend::default();
         let opts = RunOptions::default();
@@ -382,7 +383,7 @@ mod tests {
             // The same outputs as the oracle evaluated afresh.
             let fresh = oracle_outputs(&case, &p.inputs);
             let reused =
-                crate::backends::reference::prepared_oracle_outputs(&case, &p.inputs, &p.oracle);
+                crate::oracle::outputs::prepared_oracle_outputs(&case, &p.inputs, &p.oracle);
             assert_eq!(fresh, reused, "{spec}");
         }
     }

@@ -116,13 +116,13 @@ pub fn ratio(o: &TrialOutcome, baseline_s: Option<f64>) -> Option<f64> {
 }
 
 /// Why an option set is out of the class the sweep compares in, if it is: its precision
-/// manifest (the class its matmuls make it, on TPU) is looser than `class`. Such a set is
+/// manifest (the class its matmuls and its options make it, on TPU) is looser than `class`. Such a set is
 /// never the best, whatever its speed (a class is not a way around a gate).
 pub fn out_of_class(o: &TrialOutcome, class: crate::precision_class::PrecisionClass) -> Option<String> {
     let m = o.precision.as_ref()?.expected_class();
     (m < class).then(|| {
         format!(
-            "OUT OF CLASS: its matmuls make it class {m} (its precision manifest), below the {class} class the sweep compares in"
+            "OUT OF CLASS: its precision manifest (its matmuls and the options it names) makes it class {m}, below the {class} class the sweep compares in"
         )
     })
 }

@@ -46,9 +46,10 @@ pub struct SweepArgs {
     /// entry's).
     #[arg(long, allow_negative_numbers = true, value_parser = super::numbers::positive)]
     pub max_roofline_over_baseline: Option<f64>,
-    /// The precision class the option sets must reach (f32, bf16x3, tf32, bf16; default:
-    /// the configured entry's `min_precision_class`, else by the case's dtype): the speed
-    /// is compared with that class's jax_baseline (docs/spec.md, "Precision classes").
+    /// The precision class the option sets must reach (f32, bf16x3 or bf16; tf32 is
+    /// refused, no TPU computes it; default: the configured entry's `min_precision_class`,
+    /// else by the case's dtype): the speed is compared with that class's jax_baseline, and
+    /// a set below it is OUT OF CLASS (docs/spec.md, "Precision classes").
     #[arg(long, value_parser = parse_class)]
     pub precision_class: Option<grpo_conformance::precision_class::PrecisionClass>,
     /// Where the exporter imports a `module:attribute` implementation from.

@@ -889,6 +889,74 @@ mod shipped {
         assert!(missing.is_empty(), "undocumented suffixes: {missing:#?}");
     }
 
+    /// The shipped configurations' files (configs/, each example's).
+    fn shipped_files() -> Vec<std::path::PathBuf> {
+        let root = crate::repo_root();
+        let mut files = vec![];
+        for d in ["configs", "examples/external_kernel", "examples/tokamax", "examples/tunix", "examples/mllm_jax"] {
+            for e in std::fs::read_dir(root.join(d)).unwrap() {
+                let p = e.unwrap().path();
+                if p.extension().is_some_and(|x| x == "yaml") {
+                    files.push(p);
+                }
+            }
+        }
+        files
+    }
+
+    /// The numbers written in `text` (`1.98x`, `rel 1.53e-3`, `3.0`), as written.
+    fn numbers_in(text: &str) -> Vec<(String, f64)> {
+        let mut out = Vec::new();
+        let b = text.as_bytes();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i].is_ascii_digit() && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_')) {
+                let start = i;
+                while i < b.len() && (b[i].is_ascii_digit() || b[i] == b'.') {
+                    i += 1;
+                }
+                if i + 1 < b.len() && b[i] == b'e' && (b[i + 1] == b'-' || b[i + 1].is_ascii_digit()) {
+                    i += 2;
+                    while i < b.len() && b[i].is_ascii_digit() {
+                        i += 1;
+                    }
+                }
+                let tok = text[start..i].trim_end_matches('.');
+                if let Ok(v) = tok.parse::<f64>() {
+                    out.push((tok.to_string(), v));
+                }
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// An expected failure states each figure once, in `expect:`: its reason keeps the
+    /// cause in words (a figure in both places is corrected in one and left wrong in the
+    /// other). A number in the reason equal to a stated figure (to 0.5 %, a figure other
+    /// than a small count) is refused.
+    #[test]
+    fn no_expected_failures_reason_repeats_its_figures() {
+        let mut found = Vec::new();
+        let mut n = 0;
+        for f in shipped_files() {
+            let c = super::Config::load_unchecked(&f).unwrap_or_else(|e| panic!("{e:#}"));
+            for e in &c.expected_failures {
+                n += 1;
+                let values: Vec<f64> = e.expect.values().flat_map(|v| { let (a, b) = v.bounds(); [a, b] }).collect();
+                for (tok, r) in numbers_in(&e.reason) {
+                    let small_count = r.fract() == 0.0 && r < 100.0 && !tok.contains(['.', 'e']);
+                    if !small_count && values.iter().any(|&v| (r - v).abs() <= 5e-3 * v.abs()) {
+                        found.push(format!("{}: {} ({}): `{tok}` in the reason", f.display(), e.describe(), e.reason));
+                    }
+                }
+            }
+        }
+        assert!(n > 50, "{n} entries");
+        assert!(found.is_empty(), "{} reason(s) repeat a figure:\n{}", found.len(), found.join("\n"));
+    }
+
     #[test]
     fn every_shipped_config_loads() {
         let dir = crate::repo_root().join("configs");

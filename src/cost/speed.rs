@@ -110,7 +110,7 @@ impl SpeedMeasure {
         if let Some(m) = below {
             r.passed = false;
             r.message.push_str(&format!(
-                "; but its matmuls make it class {m} (its precision manifest), below the {} class it is compared in: OUT OF CLASS",
+                "; but its precision manifest (its matmuls and the options it names) makes it class {m}, below the {} class it is compared in: OUT OF CLASS",
                 self.class.class
             ));
         }
@@ -273,7 +273,7 @@ mod tests {
         let r = m(Some(PrecisionClass::Bf16)).judge(1.0);
         assert!(!r.passed && r.ratio < 1.0, "{}", r.message);
         assert_eq!(r.manifest_class, Some(PrecisionClass::Bf16));
-        assert!(r.message.contains("make it class bf16"), "{}", r.message);
+        assert!(r.message.contains("makes it class bf16"), "{}", r.message);
     }
 
     #[test]

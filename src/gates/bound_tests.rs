@@ -6,7 +6,7 @@
 //! mutants `cargo mutants` left alive in `Acc` (docs/tolerances.md).
 
 use super::*;
-use crate::backends::reference::oracle_outputs;
+use crate::oracle::outputs::oracle_outputs;
 use crate::cases::parse_fixed;
 use crate::oracle::Oracle;
 

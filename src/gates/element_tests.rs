@@ -6,7 +6,7 @@
 
 use super::invariance::judge_invariance;
 use super::*;
-use crate::backends::reference::oracle_outputs;
+use crate::oracle::outputs::oracle_outputs;
 use crate::cases::parse_fixed;
 use crate::oracle::Oracle;
 use proptest::prelude::*;

@@ -109,7 +109,7 @@ pub(super) fn dlm_head(
 #[cfg(test)]
 mod tests {
     use super::super::{judge, Acc, GateReport};
-    use crate::backends::reference::oracle_outputs;
+    use crate::oracle::outputs::oracle_outputs;
     use crate::cases::parse_fixed;
     use crate::inputs::Inputs;
     use crate::oracle::Oracle;

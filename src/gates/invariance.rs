@@ -264,7 +264,7 @@ mod tests {
         let inputs = Inputs::generate(&case);
         let oracle = Oracle::new(&case, &inputs);
         // The oracle's outputs as the "one-device run" (gradients rounded to bf16).
-        let one = crate::backends::reference::oracle_outputs(&case, &inputs);
+        let one = crate::oracle::outputs::oracle_outputs(&case, &inputs);
         assert!(judge_invariance(&case, &inputs, &oracle, &one, &one)
             .iter()
             .all(|g| g.passed));
@@ -328,7 +328,7 @@ mod tests {
         let case = parse_fixed("b: 4, t: 8, v: 257, dtype: f32, profile: spike").unwrap();
         let inputs = Inputs::generate(&case);
         let oracle = Oracle::new(&case, &inputs);
-        let one = crate::backends::reference::oracle_outputs(&case, &inputs);
+        let one = crate::oracle::outputs::oracle_outputs(&case, &inputs);
         // The chosen element with the largest f32 allowance relative to its value.
         let v = case.shape.v;
         let tol = invariance_tolerance(&case, OutputName::Dlogits);
@@ -373,7 +373,7 @@ mod tests {
         let case = parse_fixed("b: 4, t: 8, v: 257, dtype: f32, profile: ratio_edges").unwrap();
         let inputs = Inputs::generate(&case);
         let oracle = Oracle::new(&case, &inputs);
-        let one = crate::backends::reference::oracle_outputs(&case, &inputs);
+        let one = crate::oracle::outputs::oracle_outputs(&case, &inputs);
         let v = case.shape.v;
         let row_at = |g: f64, r: usize, out: &mut Outputs| {
             let d = out.tensors.get_mut(&OutputName::Dlogits).unwrap();
@@ -451,7 +451,7 @@ mod tests {
                 parse_fixed(&format!("b: 2, t: 4, v: 300, dtype: f32, beta: {beta}")).unwrap();
             let inputs = Inputs::generate(&case);
             let oracle = Oracle::new(&case, &inputs);
-            let one = crate::backends::reference::oracle_outputs(&case, &inputs);
+            let one = crate::oracle::outputs::oracle_outputs(&case, &inputs);
             let mut other = one.clone();
             for x in &mut other.tensors.get_mut(&OutputName::Kl).unwrap().data {
                 *x += 1.0;
@@ -472,7 +472,7 @@ mod tests {
             .unwrap();
         let inputs = Inputs::generate(&case);
         let oracle = Oracle::new(&case, &inputs);
-        let exact = crate::backends::reference::oracle_outputs(&case, &inputs);
+        let exact = crate::oracle::outputs::oracle_outputs(&case, &inputs);
         let v = case.shape.v;
         let row_at = |g: f64, r: usize, out: &mut Outputs| {
             let d = out.tensors.get_mut(&OutputName::Dlogits).unwrap();
@@ -519,7 +519,7 @@ mod tests {
         let case = parse_fixed("b: 4, t: 8, v: 300, dtype: f32, profile: ratio_edges").unwrap();
         let inputs = Inputs::generate(&case);
         let oracle = Oracle::new(&case, &inputs);
-        let one = crate::backends::reference::oracle_outputs(&case, &inputs);
+        let one = crate::oracle::outputs::oracle_outputs(&case, &inputs);
         let gate = |got: &Outputs| {
             judge_invariance(&case, &inputs, &oracle, got, &one)
                 .into_iter()

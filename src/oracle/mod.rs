@@ -5,6 +5,7 @@
 //! so the gates can compare an implementation's dlogits against it at full shapes.
 
 mod fused;
+pub mod outputs;
 pub mod row;
 
 pub use fused::FusedGrads;

@@ -232,6 +232,7 @@ def handle_request(req, cache_dir: Path) -> dict:
         if "emulates" in norm:
             manifest["emulates"] = norm["emulates"]
         manifest["declared_precision"] = built.impl.declared_precision(norm["impl_options"])
+        manifest["option_class"] = built.impl.declared_class(built.norm["impl_options"], norm["dtype"])
         cache.store(cache_dir, key, exported.mlir_module_serialized, manifest)
         return {"status": "ok", "key": key, "dir": str(entry), "manifest": manifest, "cached": False}
     except OutputContractError as exc:

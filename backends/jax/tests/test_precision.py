@@ -197,3 +197,38 @@ def test_a_declaration_that_names_nothing_is_an_error(tmp_path, monkeypatch):
         r = _fused("xla_chunked", "f32")
         assert r["status"] == "error", r
         assert "reduced_precision must return None or a non-empty string" in r["message"], r
+
+
+@pytest.mark.parametrize("impl,options,dtype,cls", [
+    ("xla_chunked", {"dz_precision": "x1"}, "bf16", "bf16"),
+    ("xla_chunked", {"dz_precision": "x3_dlm_head"}, "bf16", "bf16x3"),
+    ("xla_chunked", {"dz_precision": "x3"}, "bf16", "f32"),
+    ("xla_chunked", {"dz_precision": "x1"}, "f32", None),
+    ("xla_saved_logits", {"dz_precision": "x1"}, "f16", "bf16"),
+    ("pallas_fused", {"bwd_dz_dtype": "input"}, "bf16", "bf16"),
+    ("pallas_fused", {"bwd_dz_dtype": "x3_dlm_head"}, "bf16", "bf16x3"),
+    ("pallas_fused", {"bwd_dz_dtype": "f32"}, "bf16", None),
+    ("jax_baseline", {"dz_precision": "default"}, "bf16", None),
+    ("jax_baseline", {"dz_precision": "x3_dlm_head"}, "bf16", "bf16x3"),
+])
+def test_options_that_round_dz_name_their_class(impl, options, dtype, cls):
+    """dz rounded to bf16 terms before bf16 x bf16 products is no f32 dot: the options
+    name the class (docs/spec.md, "Precision classes"), and the manifest carries it."""
+    from grpo_jax.impls import registry
+    i = registry.IMPLEMENTATIONS[impl]
+    assert i.declared_class({**i.default_options, **options}, dtype) == cls
+
+
+def test_the_manifest_carries_the_option_class_and_a_wrong_one_is_an_error(
+        tmp_path, monkeypatch):
+    import dataclasses
+    from grpo_jax.impls import registry
+    _fused.cache = tmp_path
+    opts = {"chunk_tokens": 8, "chunk_vocab": 512, "dz_precision": "x1"}
+    assert _fused("xla_chunked", "bf16", opts)["manifest"]["option_class"] == "bf16"
+    assert _fused("xla_chunked", "f32", opts)["manifest"]["option_class"] is None
+    base = registry.IMPLEMENTATIONS["xla_chunked"]
+    monkeypatch.setitem(registry.IMPLEMENTATIONS, "xla_chunked",
+                        dataclasses.replace(base, option_class=lambda o, d: "bf8"))
+    r = _fused("xla_chunked", "bf16", {**opts, "chunk_tokens": 16})
+    assert r["status"] == "error" and "not a precision class" in r["message"], r

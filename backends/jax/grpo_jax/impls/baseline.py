@@ -239,4 +239,7 @@ IMPLEMENTATION = Implementation(
     default_options={"dz_precision": "default"},
     validate_options=_validate_options,
     per_token=per_token,
+    # "default" is shown by its dots (f32 dz at DEFAULT); the terms of dz are not.
+    option_class=lambda o, dtype: (None if dtype == "f32" else
+                                   {"x3_dlm_head": "bf16x3", "x3": "f32"}.get(o["dz_precision"])),
 )

@@ -110,6 +110,21 @@ class Implementation:
     # one line (e.g. "matmul_precision: default"), which lets such matmuls through: their
     # CPU run is then judged on the emulated numbers (docs/spec.md, "Precision").
     reduced_precision: Optional[Callable[[Mapping[str, Any]], Optional[str]]] = None
+    # The precision class (docs/spec.md, "Precision classes": "f32", "bf16x3", "tf32",
+    # "bf16") an option set makes the gradient products, when its options name one that
+    # the module's f32 dots cannot show (dz rounded to bf16 before a bf16 × bf16 product):
+    # ``option_class(options, dtype)`` -> a class or None (nothing to say). The manifest
+    # carries it; the suite judges the module at the looser of it and its dots' class.
+    option_class: Optional[Callable[[Mapping[str, Any], str], Optional[str]]] = None
+
+    def declared_class(self, options: Mapping[str, Any], dtype: str) -> Optional[str]:
+        """The class the options name for inputs of ``dtype``, or None."""
+        if self.option_class is None:
+            return None
+        c = self.option_class(options, dtype)
+        if c is not None and c not in ("f32", "bf16x3", "tf32", "bf16"):
+            raise RequestError(f"{self.id}: option_class returned {c!r}, not a precision class")
+        return c
 
     def declared_precision(self, options: Mapping[str, Any]) -> Optional[str]:
         """The declaration of reduced precision under ``options``, or None."""

@@ -804,4 +804,7 @@ IMPLEMENTATION = Implementation(
     search_space={"block_tokens": (128, 256, 512, 1024), "block_v": (256, 512, 1024, 2048),
                   "bwd_dz_dtype": ("input", "f32"), "dhidden": ("kernel", "forward"),
                   "chosen_gather": ("xla", "dma")},
+    # dz rounded to the input dtype is one bf16 term; f32 dz is shown by its dots.
+    option_class=lambda o, dtype: (None if dtype == "f32" else
+                                   {"input": "bf16", "x3_dlm_head": "bf16x3"}.get(o["bwd_dz_dtype"])),
 )

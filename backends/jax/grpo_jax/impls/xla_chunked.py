@@ -51,7 +51,7 @@ makes XLA re-tile the whole bf16 head first, one more H·V buffer.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -346,6 +346,15 @@ def make_logp_entropy(*, n, v, dtype, temperature, logits_dtype, chunk_tokens, c
 _DZ_TERMS = {"x3": (3, 3), "x2": (2, 2), "x3_dlm_head": (1, 3), "x1": (1, 1), "f32": None}
 
 
+def _dz_class(options: Mapping[str, Any], dtype: str) -> Optional[str]:
+    """The precision class ``dz_precision`` names for 16-bit inputs (docs/spec.md,
+    "Precision classes"): one bf16 term of dz is ``bf16``, three for dlm_head ``bf16x3``,
+    three for both ``f32``; f32 dz (and f32 inputs) are shown by the dots themselves."""
+    if dtype == "f32":
+        return None
+    return {"x1": "bf16", "x3_dlm_head": "bf16x3", "x3": "f32"}.get(options["dz_precision"])
+
+
 def _validate_options(options: Mapping[str, Any]) -> None:
     for key in ("chunk_tokens", "chunk_vocab"):
         val = options[key]
@@ -450,6 +459,7 @@ IMPLEMENTATION = Implementation(
                                  else f"matmul_precision: {o['matmul_precision']}"),
     # Few: libtpu takes minutes per compile of these loops at the seeds' shape.
     search_space={"chunk_tokens": (512, 2048), "chunk_vocab": (4096, 16384)},
+    option_class=_dz_class,
 )
 
 
@@ -496,4 +506,5 @@ IMPLEMENTATION_SAVED = Implementation(
     validate_options=_validate_saved,
     per_token=saved_per_token,
     search_space={"chunk_tokens": (2048, 8192), "chunk_vocab": (2048, 4096)},
+    option_class=_dz_class,
 )

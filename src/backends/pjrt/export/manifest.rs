@@ -61,6 +61,10 @@ pub struct Manifest {
     /// The implementation's declaration of reduced precision under its options, if any.
     #[serde(default)]
     pub declared_precision: Option<String>,
+    /// The precision class the implementation's options name (its gradient products'
+    /// dz rounded to one bf16 term: `bf16`), when its f32 dots cannot show it.
+    #[serde(default)]
+    pub option_class: Option<crate::precision_class::PrecisionClass>,
     /// The 16-bit round trips a cpu export removed (emulated excess precision).
     #[serde(default)]
     pub round_trips: Vec<crate::precision::RoundTrip>,
@@ -78,6 +82,14 @@ impl Manifest {
             self.declared_precision.as_deref(),
             &self.round_trips,
         )
+        .or_else(|| {
+            self.option_class
+                .map(|_| crate::precision::PrecisionReport::empty(&self.platform))
+        })
+        .map(|mut r| {
+            r.option_class = self.option_class;
+            r
+        })
         .map(|r| r.emulating(self.emulates.as_deref()))
     }
 }
@@ -112,4 +124,36 @@ pub struct ImplCapabilities {
     /// `logits`, `fused`: the levels it has (a case of another level is not applicable).
     #[serde(default)]
     pub levels: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::precision_class::PrecisionClass;
+
+    fn manifest(extra: &str) -> Manifest {
+        serde_json::from_str(&format!(
+            r#"{{"impl": "k", "platform": "tpu", "jax_version": "0", "key": "x",
+                "inputs": [], "outputs": []{extra}}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_option_class_makes_the_expected_class_even_without_a_reduced_dot() {
+        // No f32 dot, no round trip: nothing to judge, unless the options name a class.
+        assert!(manifest("").precision().is_none());
+        let p = manifest(r#", "option_class": "bf16""#).precision().unwrap();
+        assert_eq!(p.expected_class(), PrecisionClass::Bf16);
+        assert!(p.passed, "a class the options name is no undeclared reduced dot");
+        // With dots: the looser of the two.
+        let hi = r#", "f32_dots": [{"lhs": "f32[2,64]", "rhs": "f32[64,8]", "out": "f32[2,8]",
+            "precision": "HIGHEST", "where": "f", "count": 1}]"#;
+        assert_eq!(manifest(hi).precision().unwrap().expected_class(), PrecisionClass::F32);
+        let both = format!(r#"{hi}, "option_class": "bf16x3""#);
+        assert_eq!(
+            manifest(&both).precision().unwrap().expected_class(),
+            PrecisionClass::Bf16x3
+        );
+    }
 }

@@ -74,6 +74,7 @@ fn manifest(jax: &str) -> Manifest {
         kernel_cost_error: None,
         f32_dots: Vec::new(),
         declared_precision: None,
+        option_class: None,
         round_trips: Vec::new(),
         emulates: None,
     }
