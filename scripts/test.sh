@@ -16,10 +16,16 @@ step_start=$SECONDS
 bash scripts/setup.sh || exit 1
 took() { echo "   ($1: $((SECONDS - step_start)) s)" >&2; step_start=$SECONDS; }
 took "setup"
+# The torch backend's environment (.venvs/torch: torch and its CUDA wheels, about 5.4 GB)
+# downloads while pytest and the build below use the cores; it is waited for before the
+# tests that use it (tests/torch.rs, the configs/torch.yaml run).
+torchlog="$(mktemp)"
+bash scripts/setup_torch.sh >"$torchlog" 2>&1 &
+torchpid=$!
 log="$(mktemp)"
 pylog="$(mktemp)"
 pypid=""
-trap '[ -n "$pypid" ] && kill "$pypid" 2>/dev/null; rm -f "$log" "$pylog"' EXIT
+trap '[ -n "$pypid" ] && kill "$pypid" 2>/dev/null; kill "$torchpid" 2>/dev/null; rm -f "$log" "$pylog" "$torchlog"' EXIT
 # XLA:CPU compiles dominate both pytest and the harness's pjrt-cpu trials (small modules).
 # Two settings cut their CPU time with the same verdicts (docs/backends.md): backend
 # optimization level 0 (about a third less) and the elemental IR emitters instead of the
@@ -50,6 +56,12 @@ pypid=""
 echo "== pytest backends/jax" >&2
 tee -a "$log" <"$pylog"
 took "pytest after the build"
+wait "$torchpid"
+torchsetup=$?
+cat "$torchlog" >&2
+rm -f "$torchlog"
+[ "$torchsetup" -eq 0 ] || { echo "scripts/setup_torch.sh failed (exit $torchsetup): the torch backend's tests cannot run" >&2; exit 1; }
+took "torch environment (downloaded in the background)"
 echo "== cargo test" >&2
 export GRPO_REQUIRE_BACKENDS="${GRPO_REQUIRE_BACKENDS:-reference,pjrt-cpu,tpu-aot-v6e-2x2}"
 cargo test --workspace --release --no-fail-fast "$@" 2>&1 | tee -a "$log"
@@ -77,6 +89,13 @@ fi
 rm -f "$gpulog"
 [ "$gpu" -eq 0 ] || rs=$gpu
 took "configs/gpu.yaml listing"
+# The torch backend on the ci tier (torch_baseline on cpu, every case it supports and its
+# trajectories); the backend is required: a missing .venvs/torch makes its trials errors.
+echo "== cargo test with configs/torch.yaml (torch-cpu trials)" >&2
+GRPO_CONFIG=configs/torch.yaml GRPO_REQUIRE_BACKENDS=reference,torch-cpu cargo test --release --test conformance -- torch-cpu/ 2>&1 | tee -a "$log"
+torch=${PIPESTATUS[0]}
+[ "$torch" -eq 0 ] || rs=$torch
+took "configs/torch.yaml"
 sum() { grep -oE "$1" "$log" | grep -oE '[0-9]+' | awk '{s+=$1} END {print s+0}'; }
 passed=$(( $(sum '[0-9]+ passed;') + $(sum '^[0-9]+ passed') + $(sum ' [0-9]+ passed in') ))
 failed=$(( $(sum '[0-9]+ failed;') + $(sum '[0-9]+ failed,') ))

@@ -85,8 +85,16 @@ pub fn load(path: &Path) -> Result<Run> {
         typed("suite", serde_json::Value::is_string, "a string")?;
         typed("xla_cpu", serde_json::Value::is_string, "a string")?;
         typed("tol_scale", serde_json::Value::is_number, "a number")?;
-        typed("oracle_version", serde_json::Value::is_u64, "a version number")?;
-        typed("generator_version", serde_json::Value::is_u64, "a version number")?;
+        typed(
+            "oracle_version",
+            serde_json::Value::is_u64,
+            "a version number",
+        )?;
+        typed(
+            "generator_version",
+            serde_json::Value::is_u64,
+            "a version number",
+        )?;
         let m = (
             v["suite"].as_str().unwrap_or("").to_string(),
             v["oracle_version"].as_u64().unwrap_or(0),

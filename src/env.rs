@@ -159,7 +159,9 @@ pub fn records() -> Result<Option<PathBuf>> {
 /// is an error.
 pub fn partition() -> Result<Option<String>> {
     match raw(PARTITION) {
-        Some(s) if s.trim().is_empty() => bail!("{PARTITION} is set but empty; unset it or give I/N"),
+        Some(s) if s.trim().is_empty() => {
+            bail!("{PARTITION} is set but empty; unset it or give I/N")
+        }
         other => Ok(other),
     }
 }

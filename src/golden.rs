@@ -377,8 +377,12 @@ mod version_tests {
         let mut g = compute(&case, &p.inputs, &p.oracle);
         g.provenance.generator_version = GENERATOR_VERSION - 1;
         store(&path(dir.path(), &case), &g).unwrap();
-        assert!(matches!(check(dir.path(), &case, &p.inputs, &p.oracle).unwrap(), Check::Match));
-        g.inputs.insert("mask".into(), "xxh3:0000000000000000".into());
+        assert!(matches!(
+            check(dir.path(), &case, &p.inputs, &p.oracle).unwrap(),
+            Check::Match
+        ));
+        g.inputs
+            .insert("mask".into(), "xxh3:0000000000000000".into());
         store(&path(dir.path(), &case), &g).unwrap();
         match check(dir.path(), &case, &p.inputs, &p.oracle).unwrap() {
             Check::Mismatch(d) => assert!(d.iter().any(|l| l.contains("generator drift")), "{d:?}"),

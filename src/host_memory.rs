@@ -28,7 +28,7 @@ fn gib(b: u64) -> String {
 /// outputs), in bytes, with rayon's thread count here; `None` when the count
 /// overflows. See [`bytes_needed_with`].
 pub fn bytes_needed(case: &Case) -> Option<u64> {
-bytes_needed_with(case, rayon::current_num_threads())
+    bytes_needed_with(case, rayon::current_num_threads())
 }
 
 /// Host memory the suite itself needs for this case when the oracle and the gates run
@@ -45,7 +45,7 @@ bytes_needed_with(case, rayon::current_num_threads())
 ///   rows of V per row in flight as at the logits level.
 /// - Per-token vectors of inputs, oracle and outputs: 64 bytes per token.
 pub fn bytes_needed_with(case: &Case, threads: usize) -> Option<u64> {
-let s = &case.shape;
+    let s = &case.shape;
     let v = s.v as u64;
     let rows = (s.b as u64).checked_mul(s.t as u64)?;
     let small = rows.checked_mul(64)?;

@@ -203,9 +203,13 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
     }
     let canonical = |p: &Path| -> PathBuf {
         match (p.parent(), p.file_name()) {
-            (Some(d), Some(n)) => std::fs::canonicalize(if d.as_os_str().is_empty() { Path::new(".") } else { d })
-                .map(|d| d.join(n))
-                .unwrap_or_else(|_| p.to_path_buf()),
+            (Some(d), Some(n)) => std::fs::canonicalize(if d.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                d
+            })
+            .map(|d| d.join(n))
+            .unwrap_or_else(|_| p.to_path_buf()),
             _ => p.to_path_buf(),
         }
     };
@@ -314,7 +318,10 @@ pub fn merge(out: &Path, files: &[PathBuf], allow_incomplete: bool) -> Result<Me
     }
     // One run's identity across every shard's lines (tolerance scale, XLA:CPU settings,
     // versions, each implementation's code).
-    let all: Vec<Line> = shards.iter().flat_map(|s| s.lines.iter().cloned()).collect();
+    let all: Vec<Line> = shards
+        .iter()
+        .flat_map(|s| s.lines.iter().cloned())
+        .collect();
     one_identity(&all)?;
     // The code digest each implementation's lines carry (for an ERROR line's).
     let mut code: HashMap<String, Value> = HashMap::new();

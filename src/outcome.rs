@@ -280,7 +280,8 @@ pub const CLIP_TIE_HINT: &str = "hint: this case puts ratios exactly on the clip
 /// another cause, which the hint would hide.
 pub fn clip_tie_hint(case_id: &str, gates: &[GateReport]) -> Option<&'static str> {
     let edges = case_id.split('/').any(|seg| seg.starts_with("ratio_edges"));
-    let failed = |names: &[OutputName]| gates.iter().any(|g| !g.passed && names.contains(&g.output));
+    let failed =
+        |names: &[OutputName]| gates.iter().any(|g| !g.passed && names.contains(&g.output));
     let gradient_failed = failed(&[
         OutputName::Dlogits,
         OutputName::Dhidden,
@@ -315,7 +316,11 @@ mod hint_tests {
         let grad = gate(OutputName::Dlogits, false);
         let ok = |o| gate(o, true);
         let both = [grad.clone(), gate(OutputName::Loss, false)];
-        let alone = [grad.clone(), ok(OutputName::Loss), gate(OutputName::Entropy, false)];
+        let alone = [
+            grad.clone(),
+            ok(OutputName::Loss),
+            gate(OutputName::Entropy, false),
+        ];
         assert_eq!(clip_tie_hint(edges, &alone), Some(CLIP_TIE_HINT));
         assert_eq!(clip_tie_hint(edges, &both), None);
         assert_eq!(clip_tie_hint(normal, &alone), None);

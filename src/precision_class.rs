@@ -253,8 +253,14 @@ mod tests {
     #[test]
     fn the_default_class_of_each_input_dtype() {
         assert_eq!(PrecisionClass::default_for(DType::F32), PrecisionClass::F32);
-        assert_eq!(PrecisionClass::default_for(DType::Bf16), PrecisionClass::Bf16);
-        assert_eq!(PrecisionClass::default_for(DType::F16), PrecisionClass::Bf16);
+        assert_eq!(
+            PrecisionClass::default_for(DType::Bf16),
+            PrecisionClass::Bf16
+        );
+        assert_eq!(
+            PrecisionClass::default_for(DType::F16),
+            PrecisionClass::Bf16
+        );
         assert_eq!(required(None, None, DType::F16), PrecisionClass::Bf16);
     }
 

@@ -26,4 +26,3 @@ pub fn shown_quoted(value: &str) -> String {
         format!("{head:?}… ({n} chars)")
     }
 }
-

@@ -118,7 +118,10 @@ pub fn ratio(o: &TrialOutcome, baseline_s: Option<f64>) -> Option<f64> {
 /// Why an option set is out of the class the sweep compares in, if it is: its precision
 /// manifest (the class its matmuls and its options make it, on TPU) is looser than `class`. Such a set is
 /// never the best, whatever its speed (a class is not a way around a gate).
-pub fn out_of_class(o: &TrialOutcome, class: crate::precision_class::PrecisionClass) -> Option<String> {
+pub fn out_of_class(
+    o: &TrialOutcome,
+    class: crate::precision_class::PrecisionClass,
+) -> Option<String> {
     let m = o.precision.as_ref()?.expected_class();
     (m < class).then(|| {
         format!(

@@ -85,13 +85,18 @@ mod tests {
         let mut o = TrialOutcome::new("b/i/c".into(), TrialKind::Run, "b", "i", "c");
         o.verdict = Verdict::Fail;
         o.reasons = reasons;
-        o.gates = [OutputName::Loss, OutputName::Entropy, OutputName::Kl, OutputName::Dlogits]
-            .into_iter()
-            .map(|n| crate::gates::GateReport {
-                passed: !outputs.contains(&n),
-                ..crate::gates::fail(n, "standard/f32".into(), "x".into())
-            })
-            .collect();
+        o.gates = [
+            OutputName::Loss,
+            OutputName::Entropy,
+            OutputName::Kl,
+            OutputName::Dlogits,
+        ]
+        .into_iter()
+        .map(|n| crate::gates::GateReport {
+            passed: !outputs.contains(&n),
+            ..crate::gates::fail(n, "standard/f32".into(), "x".into())
+        })
+        .collect();
         o
     }
 
@@ -107,7 +112,10 @@ mod tests {
             failed(&[OutputName::Entropy], vec![Reason::Gate, Reason::Memory]),
         ]);
         assert_eq!((t.failed, t.failed_metrics_only), (5, 2));
-        assert_eq!(metrics_only_note(t.failed_metrics_only), " (2 on metrics only)");
+        assert_eq!(
+            metrics_only_note(t.failed_metrics_only),
+            " (2 on metrics only)"
+        );
         assert_eq!(metrics_only_note(0), "");
     }
 }

@@ -407,7 +407,12 @@ impl Plan {
         }
 
         // An expected failure's `|` alternative that matches no case is a typo too.
-        for (k, e) in config.expected_failures.iter().enumerate().filter(|_| own_matrix) {
+        for (k, e) in config
+            .expected_failures
+            .iter()
+            .enumerate()
+            .filter(|_| own_matrix)
+        {
             if let Some(alt) = dead_alternative(&e.cases, &matrix.suite(Suite::Full)) {
                 bail!(
                     "{}: expected_failures[{k}] ({}): cases alternative \"{alt}\" matches no case of the matrix (a typo?)",
@@ -437,7 +442,6 @@ impl Plan {
                 }) {
                     bail!("{}: backend `{b}`, implementation `{i}`: cases \"{g}\" selects no case of the matrix", config.origin);
                 }
-
             }
         }
         for (b, list) in config
@@ -1059,10 +1063,11 @@ impl Plan {
     }
 }
 
-/// Backends that run trajectory trials: the executing PJRT backends (the reference
-/// backend's oracle and naive_f32 are the trajectory's own exact and plain-f32 loops).
+/// Backends that run trajectory trials: every executing backend (the PJRT ones,
+/// `torch-<device>`) but the reference, whose oracle and naive_f32 are the trajectory's
+/// own exact and plain-f32 loops; compile-only `tpu-aot-*` executes nothing.
 fn runs_trajectories(backend: &str) -> bool {
-    matches!(backend, "pjrt-cpu" | "pjrt-gpu" | "pjrt-tpu")
+    backend != "reference" && !backend.starts_with("tpu-aot")
 }
 
 /// The trajectory should-fail variant's name.

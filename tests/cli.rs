@@ -157,11 +157,18 @@ fn inputs_reproduce_the_golden_values_in_rust_and_numpy() {
         let n_band = band.data.iter().filter(|&&x| x == 1.0).count();
         if id.contains("ratio_edges") {
             assert!(n_band > 0, "{id}: no token in the edge band");
-            let (d, alt) = (read(dir.path(), "dlogits"), read(dir.path(), "dlogits_other_branch"));
+            let (d, alt) = (
+                read(dir.path(), "dlogits"),
+                read(dir.path(), "dlogits_other_branch"),
+            );
             let v = case.shape.v;
             for (r, &b) in band.data.iter().enumerate() {
                 let moved = (0..v).any(|j| d.data[r * v + j] != alt.data[r * v + j]);
-                assert_eq!(moved, b == 1.0, "{id}: token row {r}: edge band {b}, other branch moved {moved}");
+                assert_eq!(
+                    moved,
+                    b == 1.0,
+                    "{id}: token row {r}: edge band {b}, other branch moved {moved}"
+                );
             }
         } else {
             assert_eq!(n_band, 0, "{id}");
@@ -864,7 +871,10 @@ fn implementation_typos_and_bad_options_are_config_errors() {
         )
         .0,
     );
-    assert!(e.contains("backend `reference` lists no implementation"), "{e}");
+    assert!(
+        e.contains("backend `reference` lists no implementation"),
+        "{e}"
+    );
     let e = stderr(
         &run_with(
             "backends:\n  reference: {implementations: [naive_f64]}\n",

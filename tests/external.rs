@@ -710,12 +710,21 @@ fn a_whole_loss_function_is_judged_as_it_is_in_both_forms() {
     };
     for imp in ["whole_arrays", "whole_model"] {
         let v = verdicts(imp);
-        assert!(!v.is_empty() && v.iter().all(|v| v == "pass"), "{imp}: {v:?}\n{out}");
+        assert!(
+            !v.is_empty() && v.iter().all(|v| v == "pass"),
+            "{imp}: {v:?}\n{out}"
+        );
     }
-    assert!(out.contains("(per_token_loss, kl, clipped, entropy not provided)"), "{out}");
+    assert!(
+        out.contains("(per_token_loss, kl, clipped, entropy not provided)"),
+        "{out}"
+    );
     for imp in ["whole_arrays_bnpo_rule", "whole_model_bnpo_rule"] {
         let v = verdicts(imp);
-        assert!(!v.is_empty() && v.iter().all(|v| v == "fail"), "{imp}: {v:?}\n{out}");
+        assert!(
+            !v.is_empty() && v.iter().all(|v| v == "fail"),
+            "{imp}: {v:?}\n{out}"
+        );
         let failing: Vec<String> = recs
             .iter()
             .filter(|r| r["implementation"] == imp)
@@ -723,7 +732,10 @@ fn a_whole_loss_function_is_judged_as_it_is_in_both_forms() {
             .filter(|g| g["passed"] == false)
             .map(|g| g["output"].as_str().unwrap().to_string())
             .collect();
-        assert!(failing.iter().any(|o| o == "loss"), "{imp}: {failing:?}\n{out}");
+        assert!(
+            failing.iter().any(|o| o == "loss"),
+            "{imp}: {failing:?}\n{out}"
+        );
     }
     assert!(out.contains("loss: FAIL"), "{out}");
 }

@@ -10,6 +10,7 @@
 //! | `pjrt-gpu` | `pjrt::exec` (profile `Gpu`) | runs on an NVIDIA GPU through the CUDA PJRT plugin |
 //! | `tpu-aot-<topology>` | `pjrt::tpu_aot` | compiles the TPU export with libtpu, no chips: peak HBM, cost, budgets |
 //! | `pjrt-tpu` | `pjrt::exec` (profile `Tpu`) | runs on TPU chips through libtpu (`--features tpu`) |
+//! | `torch-<device>` | [`torch`] | runs PyTorch implementations in a supervised `grpo_torch` worker, on cpu or cuda |
 //!
 //! Trials are backend × implementation × case; a backend declares, as a predicate on the
 //! case, what it cannot run (an ignored trial with that reason, never a pass).
@@ -18,6 +19,7 @@ pub mod outcome;
 pub mod pjrt;
 pub mod reference;
 pub mod registry;
+pub mod torch;
 
 pub use outcome::{Outcome, Refusal};
 pub use reference::{Mutation, NaiveF32, ReferenceBackend, ReferenceConfig};

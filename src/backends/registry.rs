@@ -97,6 +97,7 @@ fn builtin() -> Vec<BackendKind> {
         BackendKind::of::<super::pjrt::PjrtGpuConfig>("pjrt-gpu"),
         BackendKind::of::<super::pjrt::TpuAotConfig>("tpu-aot"),
         BackendKind::of::<super::pjrt::PjrtTpuConfig>("pjrt-tpu"),
+        BackendKind::of::<super::torch::TorchConfig>("torch"),
     ]
 }
 
@@ -300,7 +301,9 @@ impl BackendsConfig {
                 }
             }
         }
-        for (b, list) in self.exported_lists() {
+        // Every section's entries: an exporting kind's and one that runs its own worker
+        // (torch) alike.
+        for (b, list) in self.sections.iter().map(|(k, s)| (k.as_str(), s.entries())) {
             for imp in enabled(list) {
                 let n = imp.display_name();
                 if let Some(py) = &imp.python {

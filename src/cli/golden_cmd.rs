@@ -122,7 +122,9 @@ pub fn run(matrix: &Matrix, golden_dirs: &GoldenDirs, action: GoldenAction) -> R
                         || (stored.provenance.generator_version
                             != now.provenance.generator_version
                             && inputs_moved);
-                    if d.is_empty() && stored.provenance.oracle_version == now.provenance.oracle_version {
+                    if d.is_empty()
+                        && stored.provenance.oracle_version == now.provenance.oracle_version
+                    {
                         unchanged += 1;
                     } else {
                         let mut lines = vec![format!(

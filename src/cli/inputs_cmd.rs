@@ -53,7 +53,12 @@ pub fn write(case: &Case, out: &Path) -> Result<()> {
     ];
     // Tokens whose ratio lies within EDGE_BAND of a branch edge: either branch is right
     // there (the gates accept both), so the gradient of each branch is written.
-    let band: Vec<f32> = o.g_alt.iter().zip(&o.g).map(|(a, &g)| f32::from(a.is_some_and(|a| a != g))).collect();
+    let band: Vec<f32> = o
+        .g_alt
+        .iter()
+        .zip(&o.g)
+        .map(|(a, &g)| f32::from(a.is_some_and(|a| a != g)))
+        .collect();
     let other_branch = band.contains(&1.0);
     npy::write_f32(&out.join("edge_band.npy"), &bt, &band)?;
     let mut branch_files = vec!["edge_band"];
@@ -62,7 +67,11 @@ pub fn write(case: &Case, out: &Path) -> Result<()> {
             let dlogits = |w: &mut dyn std::io::Write, other: bool| -> std::io::Result<()> {
                 let mut row = vec![0f32; s.v];
                 for r in 0..s.rows() {
-                    let g = if other { o.g_alt[r].unwrap_or(o.g[r]) } else { o.g[r] };
+                    let g = if other {
+                        o.g_alt[r].unwrap_or(o.g[r])
+                    } else {
+                        o.g[r]
+                    };
                     o.dlogits_row(case, inputs, r, g, |j, x, _| row[j] = x as f32);
                     for x in &row {
                         w.write_all(&x.to_le_bytes())?;
@@ -70,12 +79,17 @@ pub fn write(case: &Case, out: &Path) -> Result<()> {
                 }
                 Ok(())
             };
-            npy::write_with(&out.join("dlogits.npy"), "<f4", &[s.b, s.t, s.v], |w| dlogits(w, false))?;
+            npy::write_with(&out.join("dlogits.npy"), "<f4", &[s.b, s.t, s.v], |w| {
+                dlogits(w, false)
+            })?;
             outputs.push("dlogits");
             if other_branch {
-                npy::write_with(&out.join("dlogits_other_branch.npy"), "<f4", &[s.b, s.t, s.v], |w| {
-                    dlogits(w, true)
-                })?;
+                npy::write_with(
+                    &out.join("dlogits_other_branch.npy"),
+                    "<f4",
+                    &[s.b, s.t, s.v],
+                    |w| dlogits(w, true),
+                )?;
                 branch_files.push("dlogits_other_branch");
             }
         }
@@ -102,7 +116,11 @@ pub fn write(case: &Case, out: &Path) -> Result<()> {
                         }
                     }
                 }
-                npy::write_f32(&out.join("dhidden_other_branch.npy"), &[s.b, s.t, h], &f(&dh))?;
+                npy::write_f32(
+                    &out.join("dhidden_other_branch.npy"),
+                    &[s.b, s.t, h],
+                    &f(&dh),
+                )?;
                 npy::write_f32(&out.join("dlm_head_other_branch.npy"), &[h, s.v], &f(&dw))?;
                 branch_files.push("dhidden_other_branch");
                 branch_files.push("dlm_head_other_branch");

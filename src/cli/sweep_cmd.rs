@@ -489,7 +489,11 @@ mod imp {
             let topo = t.clone();
             let status = match &o.verdict {
                 Verdict::Pass => "yes".to_string(),
-                Verdict::Fail if o.detail.as_deref().is_some_and(|d| d.starts_with("OUT OF CLASS")) => {
+                Verdict::Fail
+                    if o.detail
+                        .as_deref()
+                        .is_some_and(|d| d.starts_with("OUT OF CLASS")) =>
+                {
                     "yes, OUT OF CLASS".to_string()
                 }
                 Verdict::Fail => "yes, over budget".to_string(),

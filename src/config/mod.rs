@@ -893,7 +893,13 @@ mod shipped {
     fn shipped_files() -> Vec<std::path::PathBuf> {
         let root = crate::repo_root();
         let mut files = vec![];
-        for d in ["configs", "examples/external_kernel", "examples/tokamax", "examples/tunix", "examples/mllm_jax"] {
+        for d in [
+            "configs",
+            "examples/external_kernel",
+            "examples/tokamax",
+            "examples/tunix",
+            "examples/mllm_jax",
+        ] {
             for e in std::fs::read_dir(root.join(d)).unwrap() {
                 let p = e.unwrap().path();
                 if p.extension().is_some_and(|x| x == "yaml") {
@@ -910,12 +916,17 @@ mod shipped {
         let b = text.as_bytes();
         let mut i = 0;
         while i < b.len() {
-            if b[i].is_ascii_digit() && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_')) {
+            if b[i].is_ascii_digit()
+                && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_'))
+            {
                 let start = i;
                 while i < b.len() && (b[i].is_ascii_digit() || b[i] == b'.') {
                     i += 1;
                 }
-                if i + 1 < b.len() && b[i] == b'e' && (b[i + 1] == b'-' || b[i + 1].is_ascii_digit()) {
+                if i + 1 < b.len()
+                    && b[i] == b'e'
+                    && (b[i + 1] == b'-' || b[i + 1].is_ascii_digit())
+                {
                     i += 2;
                     while i < b.len() && b[i].is_ascii_digit() {
                         i += 1;
@@ -944,17 +955,34 @@ mod shipped {
             let c = super::Config::load_unchecked(&f).unwrap_or_else(|e| panic!("{e:#}"));
             for e in &c.expected_failures {
                 n += 1;
-                let values: Vec<f64> = e.expect.values().flat_map(|v| { let (a, b) = v.bounds(); [a, b] }).collect();
+                let values: Vec<f64> = e
+                    .expect
+                    .values()
+                    .flat_map(|v| {
+                        let (a, b) = v.bounds();
+                        [a, b]
+                    })
+                    .collect();
                 for (tok, r) in numbers_in(&e.reason) {
                     let small_count = r.fract() == 0.0 && r < 100.0 && !tok.contains(['.', 'e']);
                     if !small_count && values.iter().any(|&v| (r - v).abs() <= 5e-3 * v.abs()) {
-                        found.push(format!("{}: {} ({}): `{tok}` in the reason", f.display(), e.describe(), e.reason));
+                        found.push(format!(
+                            "{}: {} ({}): `{tok}` in the reason",
+                            f.display(),
+                            e.describe(),
+                            e.reason
+                        ));
                     }
                 }
             }
         }
         assert!(n > 50, "{n} entries");
-        assert!(found.is_empty(), "{} reason(s) repeat a figure:\n{}", found.len(), found.join("\n"));
+        assert!(
+            found.is_empty(),
+            "{} reason(s) repeat a figure:\n{}",
+            found.len(),
+            found.join("\n")
+        );
     }
 
     #[test]
@@ -1036,13 +1064,20 @@ mod rule_tests {
             let e = Config::parse(text, "c.yaml").unwrap_err().to_string();
             assert!(e.contains(want) && !e.contains('\n'), "{text}: {e}");
         }
-        let deep = format!("backends: {}1{}\n", "{a: ".repeat(100_000), "}".repeat(100_000));
+        let deep = format!(
+            "backends: {}1{}\n",
+            "{a: ".repeat(100_000),
+            "}".repeat(100_000)
+        );
         let t = std::time::Instant::now();
         let e = Config::parse(&deep, "c.yaml").unwrap_err().to_string();
         assert!(e.contains("nest deeper than 64"), "{e}");
         assert!(t.elapsed().as_secs() < 5);
         // Quoted braces and comments are not nesting.
-        let quoted = format!("# {}\nbackends:\n  reference: {{implementations: [oracle]}}\nexpected_failures: []\n", "{".repeat(100));
+        let quoted = format!(
+            "# {}\nbackends:\n  reference: {{implementations: [oracle]}}\nexpected_failures: []\n",
+            "{".repeat(100)
+        );
         Config::parse(&quoted, "c.yaml").unwrap();
     }
 }

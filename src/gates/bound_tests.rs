@@ -6,8 +6,8 @@
 //! mutants `cargo mutants` left alive in `Acc` (docs/tolerances.md).
 
 use super::*;
-use crate::oracle::outputs::oracle_outputs;
 use crate::cases::parse_fixed;
+use crate::oracle::outputs::oracle_outputs;
 use crate::oracle::Oracle;
 
 const TIER: &str = "standard/f32";

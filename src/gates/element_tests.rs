@@ -6,8 +6,8 @@
 
 use super::invariance::judge_invariance;
 use super::*;
-use crate::oracle::outputs::oracle_outputs;
 use crate::cases::parse_fixed;
+use crate::oracle::outputs::oracle_outputs;
 use crate::oracle::Oracle;
 use proptest::prelude::*;
 use std::sync::OnceLock;

@@ -109,9 +109,9 @@ pub(super) fn dlm_head(
 #[cfg(test)]
 mod tests {
     use super::super::{judge, Acc, GateReport};
-    use crate::oracle::outputs::oracle_outputs;
     use crate::cases::parse_fixed;
     use crate::inputs::Inputs;
+    use crate::oracle::outputs::oracle_outputs;
     use crate::oracle::Oracle;
     use crate::outputs::Outputs;
     use crate::spec::OutputName;

@@ -50,10 +50,7 @@ pub fn missing(case: &Case) -> Vec<String> {
         ),
     }
     let adv = advantages_of(case);
-    let (neg, pos) = (
-        adv.iter().any(|&a| a < 0.0),
-        adv.iter().any(|&a| a > 0.0),
-    );
+    let (neg, pos) = (adv.iter().any(|&a| a < 0.0), adv.iter().any(|&a| a > 0.0));
     let holds = match case.advantages {
         // One sequence has one sign: B = 1 promises none.
         AdvPattern::Mixed => s.b < 2 || (neg && pos),
@@ -89,7 +86,12 @@ mod tests {
             }
         }
         assert!(n > 200, "only {n} cases checked");
-        assert!(gaps.is_empty(), "{} case(s):\n{}", gaps.len(), gaps.join("\n"));
+        assert!(
+            gaps.is_empty(),
+            "{} case(s):\n{}",
+            gaps.len(),
+            gaps.join("\n")
+        );
     }
 
     /// The check can fail: a case with a mask too short to pad says so.

@@ -23,7 +23,11 @@ pub fn apply(o: &mut TrialOutcome, expected: &[ExpectedFailure]) {
     if expected.is_empty() {
         return;
     }
-    let describe = expected.iter().map(|e| e.describe()).collect::<Vec<_>>().join("; ");
+    let describe = expected
+        .iter()
+        .map(|e| e.describe())
+        .collect::<Vec<_>>()
+        .join("; ");
     let reasons = expected
         .iter()
         .map(|e| format!("{} ({})", e.reason, e.describe()))
@@ -91,7 +95,11 @@ fn stale_all(o: &TrialOutcome, entries: &[ExpectedFailure]) -> Option<String> {
                 moved.join("; "),
                 e.describe(),
                 e.reason,
-                if e.at.is_empty() { String::new() } else { format!(" at {}", e.at) }
+                if e.at.is_empty() {
+                    String::new()
+                } else {
+                    format!(" at {}", e.at)
+                }
             ));
         }
     }
@@ -108,7 +116,11 @@ fn stale_all(o: &TrialOutcome, entries: &[ExpectedFailure]) -> Option<String> {
                 format!(
                     "{}{}",
                     e.describe(),
-                    if e.at.is_empty() { String::new() } else { format!(" at {}", e.at) }
+                    if e.at.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" at {}", e.at)
+                    }
                 )
             })
             .collect();

@@ -308,7 +308,11 @@ fn a_non_finite_output_is_stated_by_its_count() {
         o.reasons = vec![Reason::Gate];
         o.gates = vec![crate::gates::GateReport {
             non_finite: count,
-            ..crate::gates::fail(crate::spec::OutputName::Loss, "standard/f32".into(), "x".into())
+            ..crate::gates::fail(
+                crate::spec::OutputName::Loss,
+                "standard/f32".into(),
+                "x".into(),
+            )
         }];
         o
     };
@@ -328,12 +332,19 @@ fn every_entry_covering_a_trial_is_checked() {
     let wrong = entry("{implementation: ran, reason: child, expect: {peak_over_floor: 2.0}}");
     let mut o = over_memory();
     expected::apply(&mut o, &[right.clone(), right.clone()]);
-    assert!(matches!(o.verdict, Verdict::ExpectedFail(_)), "{:?}", o.verdict);
+    assert!(
+        matches!(o.verdict, Verdict::ExpectedFail(_)),
+        "{:?}",
+        o.verdict
+    );
     for pair in [[right.clone(), wrong.clone()], [wrong, right]] {
         let mut o = over_memory();
         expected::apply(&mut o, &pair);
         match &o.verdict {
-            Verdict::Stale(m) => assert!(m.contains("the entry says 2") && m.contains("(child)"), "{m}"),
+            Verdict::Stale(m) => assert!(
+                m.contains("the entry says 2") && m.contains("(child)"),
+                "{m}"
+            ),
             v => panic!("{v:?}"),
         }
     }

@@ -259,9 +259,21 @@ fn shards_that_differ_in_the_runs_identity_are_refused_naming_the_shard_and_fiel
     let out = p.join("out.jsonl");
     for (key, value, words) in [
         ("tol_scale", Value::from(0.5), "field `tol_scale` is 0.5"),
-        ("xla_cpu", Value::from("opt_level=0 fusion_emitters=0"), "field `xla_cpu`"),
-        ("code_digest", Value::from("xxh3:edited"), "field `code_digest` of implementation `jax_baseline`"),
-        ("config_digest", Value::from("xxh3:other"), "field `config_digest`"),
+        (
+            "xla_cpu",
+            Value::from("opt_level=0 fusion_emitters=0"),
+            "field `xla_cpu`",
+        ),
+        (
+            "code_digest",
+            Value::from("xxh3:edited"),
+            "field `code_digest` of implementation `jax_baseline`",
+        ),
+        (
+            "config_digest",
+            Value::from("xxh3:other"),
+            "field `config_digest`",
+        ),
     ] {
         let one = shard(p, "1.jsonl", 1, 2, "p", &["a"], &["a"]);
         let two = shard(p, "2.jsonl", 2, 2, "p", &["b"], &["b"]);
@@ -304,5 +316,8 @@ fn merge_refuses_its_input_as_output_and_non_records_and_takes_an_empty_shard() 
     let lost = p.join("lost.jsonl");
     std::fs::copy(&one, &lost).unwrap();
     let e = refused(&p.join("o2.jsonl"), &[lost]);
-    assert!(e.contains("lost.jsonl:1") && e.contains("stamp is missing"), "{e}");
+    assert!(
+        e.contains("lost.jsonl:1") && e.contains("stamp is missing"),
+        "{e}"
+    );
 }

@@ -84,4 +84,3 @@ fn outputs_with(case: &Case, inputs: &Inputs, o: &Oracle, dlogits: Vec<f32>) -> 
 thread_local! {
     pub(crate) static EVALUATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
-

@@ -75,7 +75,9 @@ fn every_trial_is_in_one_shard_with_its_case_and_the_split_is_deterministic() {
         assert_eq!(shards.len(), 1, "{}", t.name);
         // A multi-device variant goes with its base case (one oracle): grouped by the id
         // read off the trial's case (its `/d<N>-<sharding>` suffix cut), not by `unit_of`.
-        let s = *by_unit.entry(base_case(&t.key.2).to_string()).or_insert(shards[0]);
+        let s = *by_unit
+            .entry(base_case(&t.key.2).to_string())
+            .or_insert(shards[0]);
         assert_eq!(s, shards[0], "{} split from its base case", t.name);
     }
     assert!(trials

@@ -530,7 +530,11 @@ struct WithoutMetrics {
 }
 
 impl LossFn for WithoutMetrics {
-    fn eval(&mut self, case: &Case, inputs: &crate::inputs::Inputs) -> anyhow::Result<loss_fns::Eval> {
+    fn eval(
+        &mut self,
+        case: &Case,
+        inputs: &crate::inputs::Inputs,
+    ) -> anyhow::Result<loss_fns::Eval> {
         let mut o = self.inner.outputs(case, inputs)?;
         o.tensors.remove(&crate::spec::OutputName::Clipped);
         o.not_provided.insert(crate::spec::OutputName::Clipped);
@@ -551,16 +555,36 @@ fn an_implementation_without_clipped_is_judged_on_its_drift() {
     let spec = spec_of(&case, Optimizer::Sgd);
     let required = PrecisionClass::default_for(case.dtype);
     for no_logp in [false, true] {
-        let mut ok = WithoutMetrics { inner: honest(), no_logp };
+        let mut ok = WithoutMetrics {
+            inner: honest(),
+            no_logp,
+        };
         let r = judged(&case, &spec, &mut ok, required);
         assert!(r.passed(), "no_logp {no_logp}: {}", r.summary());
         assert!(r.points.iter().all(|p| p.branch_flips.is_none()));
-        assert_eq!(r.left_out.len(), 1 + usize::from(no_logp), "{:?}", r.left_out);
-        assert!(r.summary().contains("branch flips (the implementation gives no `clipped`)"), "{}", r.summary());
-        let mut bad = WithoutMetrics { inner: biased(), no_logp };
+        assert_eq!(
+            r.left_out.len(),
+            1 + usize::from(no_logp),
+            "{:?}",
+            r.left_out
+        );
+        assert!(
+            r.summary()
+                .contains("branch flips (the implementation gives no `clipped`)"),
+            "{}",
+            r.summary()
+        );
+        let mut bad = WithoutMetrics {
+            inner: biased(),
+            no_logp,
+        };
         let r = judged(&case, &spec, &mut bad, required);
         assert!(!r.passed(), "no_logp {no_logp}: {}", r.summary());
-        assert!(r.judgement.message.contains("parameter drift"), "{}", r.judgement.message);
+        assert!(
+            r.judgement.message.contains("parameter drift"),
+            "{}",
+            r.judgement.message
+        );
     }
 }
 
@@ -574,14 +598,25 @@ fn a_class_above_the_manifests_is_reported_where_the_trajectory_can_tell() {
         let spec = spec_of(&case, opt);
         let mut rec = judged(&case, &spec, &mut honest(), PrecisionClass::Bf16);
         assert_eq!(rec.class, Some(PrecisionClass::F32), "{}", rec.summary());
-        assert_eq!(rec.above_manifest(), None, "no manifest, nothing to compare");
+        assert_eq!(
+            rec.above_manifest(),
+            None,
+            "no manifest, nothing to compare"
+        );
         rec.expected_class = Some(PrecisionClass::Bf16);
         let gap = rec.above_manifest();
         assert_eq!(gap.is_some(), tells, "{}: {gap:?}", opt.name());
         if let Some(g) = gap {
-            assert!(g.contains("above the bf16 its precision manifest implies"), "{g}");
+            assert!(
+                g.contains("above the bf16 its precision manifest implies"),
+                "{g}"
+            );
             rec.emulation_gap = Some(g);
-            assert!(!rec.passed() && rec.summary().contains("FAIL: class f32"), "{}", rec.summary());
+            assert!(
+                !rec.passed() && rec.summary().contains("FAIL: class f32"),
+                "{}",
+                rec.summary()
+            );
         }
     }
 }

@@ -4,11 +4,11 @@
 
 mod naive;
 
-pub use naive::{Mutation, NaiveF32};
-/// The oracle's outputs live with the oracle; re-exported for the backend's callers.
-pub use crate::oracle::outputs::{oracle_outputs, prepared_oracle_outputs};
 #[cfg(test)]
 pub(crate) use crate::oracle::outputs::EVALUATIONS;
+/// The oracle's outputs live with the oracle; re-exported for the backend's callers.
+pub use crate::oracle::outputs::{oracle_outputs, prepared_oracle_outputs};
+pub use naive::{Mutation, NaiveF32};
 
 use super::{Backend, Refusal, RunOptions, RunResult, Timing};
 use crate::cases::Case;

@@ -145,11 +145,17 @@ mod tests {
         assert!(manifest("").precision().is_none());
         let p = manifest(r#", "option_class": "bf16""#).precision().unwrap();
         assert_eq!(p.expected_class(), PrecisionClass::Bf16);
-        assert!(p.passed, "a class the options name is no undeclared reduced dot");
+        assert!(
+            p.passed,
+            "a class the options name is no undeclared reduced dot"
+        );
         // With dots: the looser of the two.
         let hi = r#", "f32_dots": [{"lhs": "f32[2,64]", "rhs": "f32[64,8]", "out": "f32[2,8]",
             "precision": "HIGHEST", "where": "f", "count": 1}]"#;
-        assert_eq!(manifest(hi).precision().unwrap().expected_class(), PrecisionClass::F32);
+        assert_eq!(
+            manifest(hi).precision().unwrap().expected_class(),
+            PrecisionClass::F32
+        );
         let both = format!(r#"{hi}, "option_class": "bf16x3""#);
         assert_eq!(
             manifest(&both).precision().unwrap().expected_class(),
