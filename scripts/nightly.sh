@@ -50,9 +50,9 @@ say "suite $suite, records $rec${prev:+, previous $prev}"
 "$bin" run --suite "$suite" "${config[@]}" --records "$rec"
 run_rc=$?
 if [ "$small" -eq 0 ]; then
-  # Users' kernels by config alone: tokamax and tunix from PyPI, each in its own pinned venv
-  # (skipped, with the reason, when PyPI or Python 3.12 is missing). Their records are not
-  # compared.
+  # Users' kernels by config alone: tokamax, tunix and Liger-Kernel from PyPI, each in its
+  # own pinned venv (skipped, with the reason, when PyPI or Python 3.12 is missing). Their
+  # records are not compared.
   say "examples/tokamax (records $results/$stamp-$host-tokamax.jsonl)"
   examples/tokamax/run.sh --records "$results/$stamp-$host-tokamax.jsonl" || run_rc=1
   say "examples/tunix, ci tier (records $results/$stamp-$host-tunix.jsonl)"
@@ -60,6 +60,8 @@ if [ "$small" -eq 0 ]; then
   say "examples/tunix, the nightly tier's logits cases (records $results/$stamp-$host-tunix-nightly.jsonl)"
   examples/tunix/run.sh --suite nightly --filter logits/ \
     --records "$results/$stamp-$host-tunix-nightly.jsonl" || run_rc=1
+  say "examples/liger (records $results/$stamp-$host-liger.jsonl)"
+  examples/liger/run.sh --records "$results/$stamp-$host-liger.jsonl" || run_rc=1
 fi
 if [ ! -s "$rec" ]; then
   say "the run wrote no records (exit $run_rc): nothing to report"
