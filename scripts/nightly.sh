@@ -50,7 +50,7 @@ say "suite $suite, records $rec${prev:+, previous $prev}"
 "$bin" run --suite "$suite" "${config[@]}" --records "$rec"
 run_rc=$?
 if [ "$small" -eq 0 ]; then
-  # Users' kernels by config alone: tokamax, tunix, Liger-Kernel and Cut Cross-Entropy from PyPI, each in its
+  # Users' kernels by config alone: tokamax, tunix, Liger-Kernel, Cut Cross-Entropy and TRL from PyPI, each in its
   # own pinned venv (skipped, with the reason, when PyPI or Python 3.12 is missing). Their
   # records are not compared.
   say "examples/tokamax (records $results/$stamp-$host-tokamax.jsonl)"
@@ -64,6 +64,8 @@ if [ "$small" -eq 0 ]; then
   examples/liger/run.sh --records "$results/$stamp-$host-liger.jsonl" || run_rc=1
   say "examples/cce (records $results/$stamp-$host-cce.jsonl)"
   examples/cce/run.sh --records "$results/$stamp-$host-cce.jsonl" || run_rc=1
+  say "examples/trl (records $results/$stamp-$host-trl.jsonl)"
+  examples/trl/run.sh --records "$results/$stamp-$host-trl.jsonl" || run_rc=1
 fi
 if [ ! -s "$rec" ]; then
   say "the run wrote no records (exit $run_rc): nothing to report"

@@ -282,6 +282,16 @@ fn describe_exit(s: &std::process::ExitStatus) -> String {
     }
 }
 
+/// An implementation's levels and input dtypes, as its worker describes them.
+#[derive(Debug, Clone, Deserialize)]
+struct Described {
+    status: String,
+    #[serde(default)]
+    levels: Vec<String>,
+    #[serde(default)]
+    dtypes: Vec<String>,
+}
+
 /// The `torch-<device>` backend.
 pub struct TorchBackend {
     name: String,
@@ -290,6 +300,9 @@ pub struct TorchBackend {
     impls: Vec<ImplConfig>,
     /// One worker per implementation, started on its first trial.
     workers: BTreeMap<String, Mutex<Option<Proc>>>,
+    /// Each implementation's description, asked once (None: it could not be described;
+    /// its trials then run and say why).
+    described: Mutex<BTreeMap<String, Option<Described>>>,
 }
 
 impl TorchBackend {
@@ -324,7 +337,43 @@ impl TorchBackend {
             timeout,
             impls,
             workers,
+            described: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// Sends `request` to `c`'s worker (started if needed) and returns its answer line; a
+    /// dead or hung worker is dropped (the next request starts a new one).
+    fn ask(&self, c: &ImplConfig, request: &serde_json::Value, doing: &str) -> Result<String> {
+        let slot = &self.workers[c.display_name()];
+        let mut guard = slot.lock().unwrap();
+        if guard.is_none() {
+            *guard = Some(Proc::start(&python_of(c), &c.pythonpath, self.timeout)?.0);
+        }
+        let p = guard.as_mut().expect("started");
+        let sent = writeln!(p.stdin, "{request}").and_then(|_| p.stdin.flush());
+        let line = match sent {
+            Ok(()) => p.answer(self.timeout, doing),
+            Err(e) => Err(anyhow!("cannot write to the torch worker: {e}")),
+        };
+        if line.is_err() {
+            *guard = None;
+        }
+        line
+    }
+
+    /// `c`'s levels and dtypes, asked of its worker once.
+    fn describe(&self, c: &ImplConfig) -> Option<Described> {
+        let name = c.display_name().to_string();
+        if let Some(d) = self.described.lock().unwrap().get(&name) {
+            return d.clone();
+        }
+        let d = self
+            .ask(c, &serde_json::json!({"describe": c.id}), &format!("describing {name}"))
+            .ok()
+            .and_then(|l| serde_json::from_str::<Described>(&l).ok())
+            .filter(|d| d.status == "ok");
+        self.described.lock().unwrap().insert(name, d.clone());
+        d
     }
 
     fn entry(&self, name: &str) -> Result<&ImplConfig> {
@@ -376,12 +425,31 @@ impl Backend for TorchBackend {
     }
 
     fn supports(&self, implementation: &str, case: &Case) -> Result<(), Refusal> {
-        self.entry(implementation).map_err(|_| {
+        let c = self.entry(implementation).map_err(|_| {
             Refusal::Unsupported(format!(
                 "{} does not configure `{implementation}`",
                 self.name
             ))
         })?;
+        if let Some(d) = self.describe(c) {
+            let level = match case.level {
+                crate::spec::Level::Logits => "logits",
+                crate::spec::Level::Fused => "fused",
+            };
+            if !d.levels.iter().any(|l| l == level) {
+                return Err(Refusal::NotApplicable(format!(
+                    "{implementation} runs the {} level only",
+                    d.levels.join("/")
+                )));
+            }
+            if !d.dtypes.iter().any(|t| t == case.dtype.name()) {
+                return Err(Refusal::Unsupported(format!(
+                    "{implementation} takes {} inputs, not {}",
+                    d.dtypes.join("/"),
+                    case.dtype.name()
+                )));
+            }
+        }
         if case.devices > 1 {
             return Err(Refusal::Unsupported(format!(
                 "{} runs one device; the case asks for {}",
@@ -414,25 +482,7 @@ impl Backend for TorchBackend {
             "knobs": case.knobs, "device": self.device.name(), "dir": dir.0,
             "warmup": opts.warmup, "repeats": opts.repeats.max(1),
         });
-        let slot = &self.workers[c.display_name()];
-        let mut guard = slot.lock().unwrap();
-        if guard.is_none() {
-            *guard = Some(Proc::start(&python_of(c), &c.pythonpath, self.timeout)?.0);
-        }
-        let p = guard.as_mut().expect("started");
-        let sent = writeln!(p.stdin, "{request}").and_then(|_| p.stdin.flush());
-        let line = match sent {
-            Ok(()) => p.answer(self.timeout, &format!("on {implementation}")),
-            Err(e) => Err(anyhow!("cannot write to the torch worker: {e}")),
-        };
-        let line = match line {
-            Ok(l) => l,
-            Err(e) => {
-                *guard = None; // the next trial starts a new worker
-                return Err(e);
-            }
-        };
-        drop(guard);
+        let line = self.ask(c, &request, &format!("on {implementation}"))?;
         let a: Answer = serde_json::from_str(&line).with_context(|| {
             format!("the torch worker answered a line that is not its protocol's: {line}")
         })?;

@@ -7,7 +7,8 @@ worker writes the outputs there as ``out_<name>.npy`` (f32) and answers
 ``{"status": "ok", "outputs": [...], "not_provided": [...], "runs_s": [...],
 "peak_bytes": N or null}``, or ``{"status": "unsupported" | "not_applicable", "reason":
 ...}``, or ``{"status": "error", "message": one line}``. Its first line is
-``{"status": "ready", ...}`` once torch is imported. The suite supervises it: a crash or a
+``{"status": "ready", ...}`` once torch is imported. ``{"describe": ID}`` answers the
+implementation's levels and dtypes (the backend's support check). The suite supervises it: a crash or a
 hang costs the trial it was on, and the next trial starts a new worker.
 """
 
@@ -49,6 +50,12 @@ def resolve(impl_id: str):
     if not isinstance(obj, Implementation):
         raise TypeError(f"`{impl_id}` is a {type(obj).__name__}, not a grpo_torch Implementation")
     return obj
+
+
+def describe(req: dict) -> dict:
+    """What an implementation runs: its levels and input dtypes."""
+    impl = resolve(req["describe"])
+    return {"status": "ok", "levels": list(impl.levels), "dtypes": list(impl.dtypes)}
 
 
 def run(req: dict) -> dict:
@@ -140,7 +147,8 @@ def main(argv=None) -> int:
         if not line.strip():
             continue
         try:
-            answer = run(json.loads(line))
+            req = json.loads(line)
+            answer = describe(req) if "describe" in req else run(req)
         except Exception as e:  # one line, and the worker goes on
             answer = {"status": "error", "message": _one_line(e)}
         print(json.dumps(answer), file=out, flush=True)
