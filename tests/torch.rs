@@ -206,3 +206,39 @@ fn torch_baseline_trajectories_reach_a_class() {
         "{out}"
     );
 }
+
+/// A fused logp function through `grpo_torch.adapters.from_fused_fn`: the right one passes
+/// at the fused level with per_token_logp its own (entropy "not provided"); one whose
+/// product is rounded to bf16 fails the bf16 fused case on per_token_logp.
+#[test]
+fn a_fused_logp_function_through_the_adapter() {
+    let (o, recs) = run(
+        &entries(&["ADAPTED", "ADAPTED_BF16"], 300),
+        &["--suite", "smoke"],
+    );
+    let out = text(&o);
+    let ok = verdicts(&recs, "adapted");
+    let ran: Vec<_> = ok.iter().filter(|(_, v)| *v != "not_applicable").collect();
+    assert!(
+        ran.len() == 2
+            && ran
+                .iter()
+                .all(|(n, v)| n.contains("/fused/") && *v == "pass"),
+        "{ok:?}\n{out}"
+    );
+    assert!(out.contains("(entropy not provided)"), "{out}");
+    let bad = verdicts(&recs, "adapted_bf16");
+    let bf: Vec<_> = bad
+        .iter()
+        .filter(|(n, _)| n.contains("/fused/bf16/"))
+        .collect();
+    assert!(
+        !bf.is_empty() && bf.iter().all(|(_, v)| *v == "fail"),
+        "{bad:?}\n{out}"
+    );
+    assert!(
+        bf.iter()
+            .all(|(n, _)| failing_outputs(&recs, n).contains(&"per_token_logp".to_string())),
+        "{out}"
+    );
+}

@@ -55,3 +55,36 @@ def _supports(problem, knobs, options):
 
 FUSED = Implementation(name="liger_fused_linear_grpo", loss=_loss, levels=("fused",),
                        supports=_supports)
+
+
+def _triton_loss(head, batch, knobs, options):
+    """``triton_grpo_loss`` (liger_kernel.transformers.grpo_loss) on the case's logits: it
+    takes (B, T+1, V) logits and drops the last position, so one zero position is appended;
+    ``reduce=True`` returns the loss and batch-level metrics (per-token outputs not
+    provided). Written from its docstring; not run here (it needs a CUDA device)."""
+    import torch
+    from liger_kernel.transformers.grpo_loss import triton_grpo_loss
+
+    logits = head["logits"]
+    padded = torch.cat([logits, torch.zeros_like(logits[:, :1])], dim=1)
+    t = batch["mask"].shape[1]
+    mcl = knobs.get("max_completion_length")
+    loss, _metrics = triton_grpo_loss(
+        padded, batch["old_logp"], batch["ref_logp"], batch["chosen_ids"], batch["advantages"],
+        completion_mask=batch["mask"], temperature=knobs["temperature"], beta=knobs["beta"],
+        eps_low=knobs["epsilon_low"], eps_high=knobs["epsilon_high"], inplace=False,
+        loss_type=knobs["loss_type"],
+        max_completion_length=mcl if mcl is not None or knobs["loss_type"] != "dr_grpo" else t,
+        importance_sampling_level=knobs["importance_sampling_level"], reduce=True,
+        delta=knobs.get("delta"))
+    return loss, {}
+
+
+def _triton_supports(problem, knobs, options):
+    if problem.device != "cuda":
+        return "triton_grpo_loss runs Triton kernels: cuda only"
+    return None
+
+
+TRITON = Implementation(name="liger_triton_grpo", loss=_triton_loss, levels=("logits",),
+                        supports=_triton_supports)

@@ -282,16 +282,6 @@ fn describe_exit(s: &std::process::ExitStatus) -> String {
     }
 }
 
-/// An implementation's levels and input dtypes, as its worker describes them.
-#[derive(Debug, Clone, Deserialize)]
-struct Described {
-    status: String,
-    #[serde(default)]
-    levels: Vec<String>,
-    #[serde(default)]
-    dtypes: Vec<String>,
-}
-
 /// The `torch-<device>` backend.
 pub struct TorchBackend {
     name: String,
@@ -300,9 +290,9 @@ pub struct TorchBackend {
     impls: Vec<ImplConfig>,
     /// One worker per implementation, started on its first trial.
     workers: BTreeMap<String, Mutex<Option<Proc>>>,
-    /// Each implementation's description, asked once (None: it could not be described;
-    /// its trials then run and say why).
-    described: Mutex<BTreeMap<String, Option<Described>>>,
+    /// Each (implementation, case)'s answer to the support check, asked once (None: the
+    /// worker could not answer; the trial then runs and says why).
+    checked: Mutex<BTreeMap<(String, String), Option<Result<(), Refusal>>>>,
 }
 
 impl TorchBackend {
@@ -337,7 +327,7 @@ impl TorchBackend {
             timeout,
             impls,
             workers,
-            described: Mutex::new(BTreeMap::new()),
+            checked: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -361,19 +351,37 @@ impl TorchBackend {
         line
     }
 
-    /// `c`'s levels and dtypes, asked of its worker once.
-    fn describe(&self, c: &ImplConfig) -> Option<Described> {
-        let name = c.display_name().to_string();
-        if let Some(d) = self.described.lock().unwrap().get(&name) {
+    /// The request that runs (or, with `check`, only checks) `c` on `case`.
+    fn request(&self, c: &ImplConfig, case: &Case) -> serde_json::Value {
+        let s = case.shape;
+        serde_json::json!({
+            "impl": c.id, "options": c.options, "level": case.level,
+            "b": s.b, "t": s.t, "v": s.v, "h": s.h, "dtype": case.dtype.name(),
+            "knobs": case.knobs, "device": self.device.name(),
+        })
+    }
+
+    /// Whether `c` runs `case`, asked of its worker once (its level, dtype and own
+    /// `supports`).
+    fn check(&self, c: &ImplConfig, case: &Case) -> Option<Result<(), Refusal>> {
+        let key = (c.display_name().to_string(), case.id.clone());
+        if let Some(d) = self.checked.lock().unwrap().get(&key) {
             return d.clone();
         }
-        let d = self
-            .ask(c, &serde_json::json!({"describe": c.id}), &format!("describing {name}"))
+        let mut req = self.request(c, case);
+        req["check"] = true.into();
+        let answer = self
+            .ask(c, &req, &format!("checking {}", key.0))
             .ok()
-            .and_then(|l| serde_json::from_str::<Described>(&l).ok())
-            .filter(|d| d.status == "ok");
-        self.described.lock().unwrap().insert(name, d.clone());
-        d
+            .and_then(|l| serde_json::from_str::<Answer>(&l).ok())
+            .and_then(|a| match a.status.as_str() {
+                "ok" => Some(Ok(())),
+                "unsupported" => Some(Err(Refusal::Unsupported(a.reason.unwrap_or_default()))),
+                "not_applicable" => Some(Err(Refusal::NotApplicable(a.reason.unwrap_or_default()))),
+                _ => None,
+            });
+        self.checked.lock().unwrap().insert(key, answer.clone());
+        answer
     }
 
     fn entry(&self, name: &str) -> Result<&ImplConfig> {
@@ -431,24 +439,8 @@ impl Backend for TorchBackend {
                 self.name
             ))
         })?;
-        if let Some(d) = self.describe(c) {
-            let level = match case.level {
-                crate::spec::Level::Logits => "logits",
-                crate::spec::Level::Fused => "fused",
-            };
-            if !d.levels.iter().any(|l| l == level) {
-                return Err(Refusal::NotApplicable(format!(
-                    "{implementation} runs the {} level only",
-                    d.levels.join("/")
-                )));
-            }
-            if !d.dtypes.iter().any(|t| t == case.dtype.name()) {
-                return Err(Refusal::Unsupported(format!(
-                    "{implementation} takes {} inputs, not {}",
-                    d.dtypes.join("/"),
-                    case.dtype.name()
-                )));
-            }
+        if let Some(Err(r)) = self.check(c, case) {
+            return Err(r);
         }
         if case.devices > 1 {
             return Err(Refusal::Unsupported(format!(
@@ -475,13 +467,10 @@ impl Backend for TorchBackend {
                 HostData::I32(values) => crate::npy::write_i32(&path, &t.shape, values)?,
             }
         }
-        let s = case.shape;
-        let request = serde_json::json!({
-            "impl": c.id, "options": c.options, "level": case.level,
-            "b": s.b, "t": s.t, "v": s.v, "h": s.h, "dtype": case.dtype.name(),
-            "knobs": case.knobs, "device": self.device.name(), "dir": dir.0,
-            "warmup": opts.warmup, "repeats": opts.repeats.max(1),
-        });
+        let mut request = self.request(c, case);
+        request["dir"] = serde_json::json!(dir.0);
+        request["warmup"] = opts.warmup.into();
+        request["repeats"] = opts.repeats.max(1).into();
         let line = self.ask(c, &request, &format!("on {implementation}"))?;
         let a: Answer = serde_json::from_str(&line).with_context(|| {
             format!("the torch worker answered a line that is not its protocol's: {line}")

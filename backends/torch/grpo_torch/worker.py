@@ -7,8 +7,8 @@ worker writes the outputs there as ``out_<name>.npy`` (f32) and answers
 ``{"status": "ok", "outputs": [...], "not_provided": [...], "runs_s": [...],
 "peak_bytes": N or null}``, or ``{"status": "unsupported" | "not_applicable", "reason":
 ...}``, or ``{"status": "error", "message": one line}``. Its first line is
-``{"status": "ready", ...}`` once torch is imported. ``{"describe": ID}`` answers the
-implementation's levels and dtypes (the backend's support check). The suite supervises it: a crash or a
+``{"status": "ready", ...}`` once torch is imported. A request with ``"check": true``
+answers only whether the implementation runs the case (the backend's support check). The suite supervises it: a crash or a
 hang costs the trial it was on, and the next trial starts a new worker.
 """
 
@@ -52,32 +52,44 @@ def resolve(impl_id: str):
     return obj
 
 
-def describe(req: dict) -> dict:
-    """What an implementation runs: its levels and input dtypes."""
-    impl = resolve(req["describe"])
-    return {"status": "ok", "levels": list(impl.levels), "dtypes": list(impl.dtypes)}
+def _refusal(why: str) -> dict:
+    """An implementation's reason not to run a case, as an answer."""
+    if why.startswith("not applicable: "):
+        return {"status": "not_applicable", "reason": why[len("not applicable: "):]}
+    if why.startswith("error: "):
+        return {"status": "error", "message": why[len("error: "):]}
+    return {"status": "unsupported", "reason": why}
+
+
+def _problem(req: dict):
+    from .interface import Problem
+    return Problem(level=req["level"], b=req["b"], t=req["t"], v=req["v"], h=req.get("h"),
+                   dtype=req["dtype"], device=req.get("device", "cpu").split(":")[0])
+
+
+def check(req: dict) -> dict:
+    """Whether an implementation runs a case (its level, dtype and ``supports``), without
+    its inputs: the backend's support check."""
+    impl = resolve(req["impl"])
+    why = impl.unsupported(_problem(req), req["knobs"], req.get("options") or {})
+    return {"status": "ok"} if why is None else _refusal(why)
 
 
 def run(req: dict) -> dict:
     """One request's answer (the outputs written into ``req["dir"]``)."""
     import numpy as np
     import torch
-    from .interface import METRICS, Problem
+    from .interface import METRICS
 
     dtypes = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
     device = torch.device(req.get("device", "cpu"))
-    problem = Problem(level=req["level"], b=req["b"], t=req["t"], v=req["v"], h=req.get("h"),
-                      dtype=req["dtype"], device=device.type)
+    problem = _problem(req)
     knobs = req["knobs"]
     options = req.get("options") or {}
     impl = resolve(req["impl"])
     why = impl.unsupported(problem, knobs, options)
     if why is not None:
-        if why.startswith("not applicable: "):
-            return {"status": "not_applicable", "reason": why[len("not applicable: "):]}
-        if why.startswith("error: "):
-            return {"status": "error", "message": why[len("error: "):]}
-        return {"status": "unsupported", "reason": why}
+        return _refusal(why)
     options = {**impl.default_options, **options}
     d = req["dir"]
     load = lambda n: np.load(os.path.join(d, f"{n}.npy"))  # noqa: E731
@@ -148,7 +160,7 @@ def main(argv=None) -> int:
             continue
         try:
             req = json.loads(line)
-            answer = describe(req) if "describe" in req else run(req)
+            answer = check(req) if req.get("check") else run(req)
         except Exception as e:  # one line, and the worker goes on
             answer = {"status": "error", "message": _one_line(e)}
         print(json.dumps(answer), file=out, flush=True)

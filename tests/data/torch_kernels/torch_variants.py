@@ -8,6 +8,7 @@ import torch
 
 from grpo_torch import contract
 from grpo_torch.impls import baseline_loss
+from grpo_torch.adapters import from_fused_fn
 from grpo_torch.interface import Implementation
 
 
@@ -57,3 +58,19 @@ RAISES = Implementation(name="raises", loss=_raises)
 ABORTS = Implementation(name="aborts", loss=_aborts)
 HANGS = Implementation(name="hangs", loss=_hangs)
 LOGP_ONLY = Implementation(name="logp_only", loss=_logp_only)
+
+
+def _f32_logp(hidden, lm_head, ids, knobs, options):
+    """SPEC's logp: hidden @ lm_head in f32, an f32 log-softmax of z/τ."""
+    z = (hidden.float() @ lm_head.float()) / knobs["temperature"]
+    return torch.log_softmax(z, -1).gather(-1, ids[..., None])[..., 0]
+
+
+def _bf16_logp(hidden, lm_head, ids, knobs, options):
+    """The product in the input dtype (rounded) before the f32 log-softmax."""
+    z = (hidden @ lm_head).float() / knobs["temperature"]
+    return torch.log_softmax(z, -1).gather(-1, ids[..., None])[..., 0]
+
+
+ADAPTED = from_fused_fn("adapted", _f32_logp)
+ADAPTED_BF16 = from_fused_fn("adapted_bf16", _bf16_logp)
