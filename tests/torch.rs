@@ -242,3 +242,64 @@ fn a_fused_logp_function_through_the_adapter() {
         "{out}"
     );
 }
+
+/// A per-token loss kernel through `from_per_token_loss_fn` (the suite averages) and an
+/// `nn.Module` loss through `from_loss_module` (the module averages): the right ones pass
+/// (a case setting a knob the kernel does not take, δ, is ignored naming it); a kernel
+/// without the KL term fails the β > 0 logits cases on per_token_loss, and a module
+/// that averages `grpo` by the batch's token count (bnpo's rule) fails its grpo cases on
+/// the loss.
+#[test]
+fn a_per_token_kernel_and_a_loss_module_through_the_adapters() {
+    let (o, recs) = run(
+        &entries(
+            &["PER_TOKEN", "PER_TOKEN_NO_KL", "MODULE", "MODULE_BNPO_RULE"],
+            300,
+        ),
+        &["--suite", "smoke"],
+    );
+    let out = text(&o);
+    for imp in ["per_token", "module"] {
+        // A knob the kernel does not take (δ here) makes its case an ignored trial.
+        let v: Vec<_> = verdicts(&recs, imp)
+            .into_iter()
+            .filter(|(n, v)| *v != "not_applicable" && !(*v == "ignored" && n.contains("_delta")))
+            .collect();
+        assert!(
+            !v.is_empty() && v.iter().all(|(_, v)| *v == "pass"),
+            "{imp}: {v:?}\n{out}"
+        );
+    }
+    assert!(
+        out.contains("delta = 1.5: per_token takes no delta"),
+        "{out}"
+    );
+    let nokl: Vec<_> = verdicts(&recs, "per_token_no_kl")
+        .into_iter()
+        .filter(|(n, _)| n.contains("/logits/") && n.contains("/beta0.04/"))
+        .collect();
+    assert!(
+        !nokl.is_empty() && nokl.iter().all(|(_, v)| *v == "fail"),
+        "{nokl:?}\n{out}"
+    );
+    assert!(
+        nokl.iter()
+            .all(|(n, _)| failing_outputs(&recs, n).contains(&"per_token_loss".to_string())),
+        "{out}"
+    );
+    // (bnpo's rule equals grpo's where every row has as many live tokens: such a case
+    // passes; the smoke suite's bf16 fused case has rows of different lengths.)
+    let bnpo: Vec<_> = verdicts(&recs, "module_bnpo_rule")
+        .into_iter()
+        .filter(|(n, v)| n.contains("/fused/") && n.contains("/grpo/") && *v == "fail")
+        .collect();
+    assert!(
+        bnpo.iter().any(|(n, _)| n.contains("/fused/bf16/")),
+        "{bnpo:?}\n{out}"
+    );
+    assert!(
+        bnpo.iter()
+            .all(|(n, _)| failing_outputs(&recs, n).contains(&"loss".to_string())),
+        "{out}"
+    );
+}

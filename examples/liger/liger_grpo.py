@@ -9,19 +9,19 @@ own arguments and nothing else.
 - Liger returns the loss and batch-level metrics (mean KL, clip fraction): every per-token
   output is "not provided".
 - ``max_completion_length``: Liger's dr_grpo requires it; SPEC's default is T.
+- Through ``grpo_torch.adapters.from_loss_module``: ``_build`` makes the module from the
+  knobs, ``_call`` calls it as Liger's docs do.
 """
 
 from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
 
+from grpo_torch.adapters import from_fused_fn, from_loss_module
 from grpo_torch.interface import Implementation
 
 
-def _loss(head, batch, knobs, options):
-    t = batch["mask"].shape[1]
+def _build(knobs, options, shape):
     mcl = knobs.get("max_completion_length")
-    if knobs["loss_type"] == "dr_grpo" and mcl is None:
-        mcl = t
-    loss_fn = LigerFusedLinearGRPOLoss(
+    return LigerFusedLinearGRPOLoss(
         beta=knobs["beta"],
         compiled=False,
         use_ref_model=True,
@@ -29,12 +29,15 @@ def _loss(head, batch, knobs, options):
         epsilon_low=knobs["epsilon_low"],
         epsilon_high=knobs["epsilon_high"],
         loss_type=knobs["loss_type"],
-        max_completion_length=mcl,
+        max_completion_length=mcl if mcl is not None else shape[1],
         importance_sampling_level=knobs["importance_sampling_level"],
         temperature=knobs["temperature"],
         delta=knobs.get("delta"),
     )
-    loss, _metrics = loss_fn(
+
+
+def _call(module, head, batch, knobs):
+    loss, _metrics = module(
         head["hidden"],
         head["lm_head"].t(),
         batch["chosen_ids"],
@@ -53,8 +56,8 @@ def _supports(problem, knobs, options):
     return None
 
 
-FUSED = Implementation(name="liger_fused_linear_grpo", loss=_loss, levels=("fused",),
-                       supports=_supports)
+FUSED = from_loss_module("liger_fused_linear_grpo", _build, _call, levels=("fused",),
+                         supports=_supports)
 
 
 def _triton_loss(head, batch, knobs, options):
@@ -88,3 +91,27 @@ def _triton_supports(problem, knobs, options):
 
 TRITON = Implementation(name="liger_triton_grpo", loss=_triton_loss, levels=("logits",),
                         supports=_triton_supports)
+
+
+def _flce(hidden, lm_head, ids, knobs, options):
+    """``LigerFusedLinearCrossEntropyLoss(reduction="none")`` as a fused cross-entropy
+    function: hidden flattened to (B·T, H), our lm_head transposed. Triton kernels, so cuda
+    only; written from its signature, not run here (Liger-Kernel#968 reported wrong
+    gradients with reduction='none')."""
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    b, t, h = hidden.shape
+    ce = LigerFusedLinearCrossEntropyLoss(reduction="none")(
+        lm_head.t(), hidden.reshape(b * t, h), ids.reshape(b * t))
+    return ce.reshape(b, t)
+
+
+def _flce_supports(problem, knobs, options):
+    if problem.device != "cuda":
+        return "LigerFusedLinearCrossEntropyLoss runs Triton kernels: cuda only"
+    if knobs["temperature"] != 1.0:
+        return "τ ≠ 1: LigerFusedLinearCrossEntropyLoss has no temperature"
+    return None
+
+
+FLCE = from_fused_fn("liger_flce", _flce, returns="cross_entropy", supports=_flce_supports)

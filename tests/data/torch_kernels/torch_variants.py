@@ -8,7 +8,7 @@ import torch
 
 from grpo_torch import contract
 from grpo_torch.impls import baseline_loss
-from grpo_torch.adapters import from_fused_fn
+from grpo_torch.adapters import from_fused_fn, from_loss_module, from_per_token_loss_fn
 from grpo_torch.interface import Implementation
 
 
@@ -74,3 +74,42 @@ def _bf16_logp(hidden, lm_head, ids, knobs, options):
 
 ADAPTED = from_fused_fn("adapted", _f32_logp)
 ADAPTED_BF16 = from_fused_fn("adapted_bf16", _bf16_logp)
+
+
+def _per_token(logits, ids, old_logp, ref_logp, advantages, mask, knobs, options, kl=True):
+    """SPEC's per-token loss from an f32 log-softmax (and the logp), as a kernel gives it."""
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[..., None])[..., 0]
+    log_r = contract.log_ratio(logp, old_logp, mask, "token")
+    pg, _ = contract.clipped_pg(log_r, advantages, knobs)
+    if kl and knobs["beta"] != 0:
+        pg = pg + knobs["beta"] * contract.k3_kl(logp, ref_logp, mask)
+    return pg, logp
+
+
+PER_TOKEN = from_per_token_loss_fn("per_token", _per_token, level="logits")
+PER_TOKEN_NO_KL = from_per_token_loss_fn(
+    "per_token_no_kl", lambda *a: _per_token(*a, kl=False), level="logits")
+
+
+class _SpecLoss(torch.nn.Module):
+    """SPEC's loss as an nn.Module; ``bnpo_rule`` averages every loss type by the batch's
+    token count (bnpo's rule)."""
+
+    def __init__(self, knobs, bnpo_rule=False):
+        super().__init__()
+        self.knobs = dict(knobs, loss_type="bnpo") if bnpo_rule else knobs
+
+    def forward(self, hidden, lm_head, ids, old_logp, ref_logp, advantages, mask):
+        head = {"hidden": hidden, "lm_head": lm_head}
+        batch = {"chosen_ids": ids, "old_logp": old_logp, "ref_logp": ref_logp,
+                 "advantages": advantages, "mask": mask}
+        return baseline_loss(head, batch, self.knobs, {})[0]
+
+
+def _call(module, head, batch, knobs):
+    return module(head["hidden"], head["lm_head"], batch["chosen_ids"], batch["old_logp"],
+                  batch["ref_logp"], batch["advantages"], batch["mask"])
+
+
+MODULE = from_loss_module("module", lambda k, o, s: _SpecLoss(k), _call)
+MODULE_BNPO_RULE = from_loss_module("module_bnpo_rule", lambda k, o, s: _SpecLoss(k, True), _call)
