@@ -4,7 +4,7 @@
 #   bash scripts/gpu_check.sh prepare
 # then, on the GPU machine, in the project root (with .device/ taken along):
 #   OUT=<dir> bash scripts/gpu_check.sh run ["PART ..."]   (parts, in the order given:
-#   smoke, bench, ci, seeds; default "smoke bench ci"; "conformance" = "smoke ci")
+#   smoke, bench, ci, seeds, torch; default "smoke bench ci"; "conformance" = "smoke ci")
 # An unknown part is refused before any part runs. `run` exits 0 only when every part it
 # ran did (a harness, bench or seeds process that failed, or was cut by its time limit,
 # makes it exit 1, naming the part on its last line).
@@ -19,7 +19,10 @@
 # BENCH_IMPL (a `--impl` alternation) and BENCH_CASES (space-separated case globs) narrow the
 # bench. `seeds` (only when asked) runs the nightly tier's judged fused cases at the seeds'
 # shapes and past 2^31 elements on reference and pjrt-gpu (`grpo-suite run`, cut at
-# SEEDS_LIMIT_S): seeds.log in $OUT, seeds.jsonl in the archive.
+# SEEDS_LIMIT_S): seeds.log in $OUT, seeds.jsonl in the archive. `torch` (only when asked)
+# runs the ci tier's torch-cuda trials (torch_baseline, configs/gpu.yaml) with that Python's
+# own torch (GRPO_TORCH_PYTHON, default GRPO_PYTHON), cut at TORCH_LIMIT_S:
+# conformance-torch.{log,jsonl} in the archive.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 case "${1:-}" in
@@ -53,9 +56,9 @@ run)
   n_parts=0
   for part in $parts; do
     case "$part" in
-    smoke | bench | ci | seeds) n_parts=$((n_parts + 1)) ;;
+    smoke | bench | ci | seeds | torch) n_parts=$((n_parts + 1)) ;;
     *)
-      echo "gpu_check: unknown part '$part' in \"$parts\" (parts: smoke, bench, ci, seeds; or all, conformance); nothing was run" >&2
+      echo "gpu_check: unknown part '$part' in \"$parts\" (parts: smoke, bench, ci, seeds, torch; or all, conformance); nothing was run" >&2
       exit 2
       ;;
     esac
@@ -98,10 +101,13 @@ sys.exit(1)' 2>&1)
     fi
   fi
   export GRPO_PYTHON=$PY GRPO_ROOT=$PWD JAX_PLATFORMS=cpu
+  # The torch backend's workers (configs/gpu.yaml's torch section) use the machine's torch.
+  export GRPO_TORCH_PYTHON=${GRPO_TORCH_PYTHON:-$PY}
   export PYTHONPATH=$PWD/backends/jax${PYTHONPATH:+:$PYTHONPATH}
   {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     "$PY" -c 'import jax; print("exporter: jax", jax.__version__)'
+    "$GRPO_TORCH_PYTHON" -c 'import torch; print("torch:", torch.__version__, "cuda:", torch.cuda.is_available())'
     echo "plugin: ${GRPO_PJRT_PLUGIN:-unset ($plugin_note)}"
     echo "cores: $(nproc)"
   } >"$OUT/versions.txt" 2>&1
@@ -118,19 +124,21 @@ sys.exit(1)' 2>&1)
   }
   # The harness over the tier's pjrt-gpu trials (records are written as trials end, so a
   # run cut by its time limit still brings its verdicts).
-  conformance() { # tier limit_s
-    GRPO_SUITE=$1 GRPO_CONFIG=configs/gpu.yaml GRPO_REQUIRE_BACKENDS=reference,pjrt-gpu \
-      GRPO_RECORDS="$W/conformance-$1.jsonl" timeout "$2" .device/conformance "${CONFORMANCE_FILTER:-pjrt-gpu/}" \
-      >"$W/conformance-$1.log" 2>&1
+  conformance() { # tier limit_s [name backend filter]
+    local name=${3:-$1}
+    GRPO_SUITE=$1 GRPO_CONFIG=configs/gpu.yaml GRPO_REQUIRE_BACKENDS=reference,${4:-pjrt-gpu} \
+      GRPO_RECORDS="$W/conformance-$name.jsonl" timeout "$2" .device/conformance "${5:-${CONFORMANCE_FILTER:-pjrt-gpu/}}" \
+      >"$W/conformance-$name.log" 2>&1
     local rc=$?
-    echo "conformance $1: exit $rc" >>"$W/conformance-$1.log"
-    check "$1" "$rc" "$2"
+    echo "conformance $name: exit $rc" >>"$W/conformance-$name.log"
+    check "$name" "$rc" "$2"
   }
   bench_impl=${BENCH_IMPL:-'xla_chunked@1024x8192|xla_chunked@2048x16384-default|jax_baseline'}
   for part in $parts; do
     case "$part" in
     smoke) conformance smoke "${SMOKE_LIMIT_S:-120}" ;;
     ci) conformance ci "${CI_LIMIT_S:-100}" ;;
+    torch) conformance ci "${TORCH_LIMIT_S:-120}" torch torch-cuda torch-cuda/ ;;
     bench)
       # `grpo-suite bench` at the seeds' shapes: one process per case, the lighter
       # implementations first (the allocator's peak counts from the client's start, so a
@@ -171,7 +179,7 @@ sys.exit(1)' 2>&1)
   echo "gpu_check: every part passed ($parts)"
   ;;
 *)
-  echo "usage: bash scripts/gpu_check.sh prepare | run [\"PART ...\"] (smoke, bench, ci, seeds; docs/gpu.md)" >&2
+  echo "usage: bash scripts/gpu_check.sh prepare | run [\"PART ...\"] (smoke, bench, ci, seeds, torch; docs/gpu.md)" >&2
   exit 2
   ;;
 esac

@@ -66,7 +66,8 @@ impl Timing {
 /// Memory figures a backend can report, in bytes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Memory {
-    /// Compiler's peak device memory of the executable.
+    /// Peak device memory: the compiler's, of the executable (pjrt, tpu-aot), or the cuda
+    /// allocator's over the trial (torch-cuda; `source` says which).
     pub peak_bytes: Option<u64>,
     /// Temporaries.
     pub temp_bytes: Option<u64>,

@@ -72,9 +72,13 @@ pub struct TorchConfig {
     pub implementations: Vec<ImplEntry>,
 }
 
-/// The interpreter of the torch backend's own environment.
+/// The interpreter of an entry without `python`: `GRPO_TORCH_PYTHON` where set (a GPU
+/// machine's own torch, scripts/gpu_check.sh), else the torch backend's own environment.
 fn default_python() -> PathBuf {
-    crate::repo_root().join(".venvs/torch/bin/python")
+    match std::env::var_os("GRPO_TORCH_PYTHON") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => crate::repo_root().join(".venvs/torch/bin/python"),
+    }
 }
 
 impl super::Section for TorchConfig {
@@ -84,10 +88,10 @@ impl super::Section for TorchConfig {
             bail!("{origin}: backend `{section}`: timeout_s must be at least 1");
         }
         for c in enabled(&self.implementations) {
-            // The allocator's peak is recorded on cuda; no floor is derived for it yet, so a
-            // budget would check nothing.
-            if c.max_peak_over_floor.is_some() {
-                bail!("{origin}: backend `{section}`, implementation `{}`: max_peak_over_floor is not judged on the torch backend (it records the cuda allocator's peak, against no floor yet); leave it out", c.display_name());
+            // The peak is the cuda allocator's; on cpu there is none, so a budget would
+            // check nothing.
+            if c.max_peak_over_floor.is_some() && self.device == TorchDevice::Cpu {
+                bail!("{origin}: backend `{section}`, implementation `{}`: max_peak_over_floor is judged on `device: cuda` only (on cpu torch reports no allocator peak); leave it out", c.display_name());
             }
         }
         Ok(())
@@ -140,9 +144,31 @@ struct Answer {
     #[serde(default)]
     peak_bytes: Option<u64>,
     #[serde(default)]
+    argument_bytes: Option<u64>,
+    #[serde(default)]
+    output_bytes: Option<u64>,
+    #[serde(default)]
     reason: Option<String>,
     #[serde(default)]
     message: Option<String>,
+}
+
+/// The memory figures of an answer: on cuda the allocator's peak over the trial's runs
+/// (the head uploaded each run, the batch once), with the floor from the bytes of the
+/// arguments and outputs as the implementation held them; on cpu none.
+fn memory_of(a: &Answer) -> Option<Memory> {
+    let peak = a.peak_bytes?;
+    Some(
+        Memory {
+            peak_bytes: Some(peak),
+            device_peak_bytes: Some(peak),
+            argument_bytes: a.argument_bytes,
+            output_bytes: a.output_bytes,
+            source: Some("torch.cuda.max_memory_allocated".into()),
+            ..Memory::default()
+        }
+        .with_floor(),
+    )
 }
 
 /// A running worker: its process, its stdin, its stdout's lines and its stderr's last ones.
@@ -425,6 +451,12 @@ impl Backend for TorchBackend {
         &self.name
     }
 
+    fn budget(&self, implementation: &str) -> Option<crate::backends::Budget> {
+        self.entry(implementation)
+            .ok()
+            .and_then(crate::backends::Budget::of)
+    }
+
     fn implementations(&self) -> Vec<String> {
         self.impls
             .iter()
@@ -499,11 +531,7 @@ impl Backend for TorchBackend {
                 outputs.not_provided.insert(name);
             }
         }
-        let memory = a.peak_bytes.map(|p| Memory {
-            device_peak_bytes: Some(p),
-            source: Some("torch.cuda.max_memory_allocated".into()),
-            ..Memory::default()
-        });
+        let memory = memory_of(&a);
         Ok(RunResult {
             outputs: Some(outputs),
             timing: Some(Timing {
@@ -514,5 +542,44 @@ impl Backend for TorchBackend {
             memory,
             ..RunResult::default()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::Section;
+
+    fn answer(json: &str) -> Answer {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn on_cuda_the_allocator_peak_is_judged_against_arguments_plus_outputs() {
+        let a = answer(r#"{"status": "ok", "peak_bytes": 3000, "argument_bytes": 1000, "output_bytes": 500}"#);
+        let m = memory_of(&a).unwrap();
+        assert_eq!(m.peak_bytes, Some(3000));
+        assert_eq!(m.floor_bytes, Some(1500));
+        assert_eq!(m.peak_over_floor(), Some(2.0));
+        let b = crate::backends::Budget { max_peak_over_floor: 1.5, slack_bytes: 0 };
+        let r = crate::judge::memory::BudgetReport::judge(b, Some(&m)).unwrap();
+        assert!(!r.passed, "{}", r.message);
+        assert!(r.message.contains("torch.cuda.max_memory_allocated"), "{}", r.message);
+        // On cpu the worker reports no peak: no memory figures, never a made-up one.
+        let cpu = answer(r#"{"status": "ok", "peak_bytes": null, "argument_bytes": 1000, "output_bytes": 500}"#);
+        assert!(memory_of(&cpu).is_none());
+    }
+
+    fn section(yaml: &str) -> Result<()> {
+        let c: TorchConfig = serde_yaml_ng::from_str(yaml).unwrap();
+        c.validate("t.yaml", "torch")
+    }
+
+    #[test]
+    fn a_memory_budget_is_refused_on_cpu_and_taken_on_cuda() {
+        let entry = "implementations: [{id: torch_baseline, max_peak_over_floor: 2}]";
+        let e = section(&format!("device: cpu\n{entry}")).unwrap_err().to_string();
+        assert!(e.contains("t.yaml: backend `torch`, implementation `torch_baseline`: max_peak_over_floor is judged on `device: cuda` only"), "{e}");
+        section(&format!("device: cuda\n{entry}")).unwrap();
     }
 }

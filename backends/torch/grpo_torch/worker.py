@@ -5,7 +5,8 @@ implementation, the case (level, shapes, dtype, knobs), the device, the warm-up 
 runs, and a directory holding the inputs as .npy files (binary: no text encoding); the
 worker writes the outputs there as ``out_<name>.npy`` (f32) and answers
 ``{"status": "ok", "outputs": [...], "not_provided": [...], "runs_s": [...],
-"peak_bytes": N or null}``, or ``{"status": "unsupported" | "not_applicable", "reason":
+"peak_bytes": N or null, "argument_bytes": N, "output_bytes": N}`` (the allocator's peak
+on cuda, and the bytes of the inputs and outputs as the implementation holds them), or ``{"status": "unsupported" | "not_applicable", "reason":
 ...}``, or ``{"status": "error", "message": one line}``. Its first line is
 ``{"status": "ready", ...}`` once torch is imported. A request with ``"check": true``
 answers only whether the implementation runs the case (the backend's support check). The suite supervises it: a crash or a
@@ -97,14 +98,20 @@ def run(req: dict) -> dict:
     batch = {n: torch.from_numpy(load(n)).to(device) for n in BATCH}
     batch["chosen_ids"] = batch["chosen_ids"].long()
     dt = dtypes[problem.dtype]
-    head0 = {n: torch.from_numpy(a).to(device=device, dtype=dt) for n, a in head_np.items()}
+    head0 = {n: torch.from_numpy(a).to(dtype=dt) for n, a in head_np.items()}
     cuda = device.type == "cuda"
+    # The arguments are the batch and one fresh upload of the head per run (a kernel may
+    # write into its inputs, as Liger's Triton kernels do); the previous run's results are
+    # dropped first, so the allocator's peak holds no copy of ours: the floor is arguments
+    # + outputs.
+    argument_bytes = sum(x.numel() * x.element_size() for x in (*head0.values(), *batch.values()))
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     runs_s, result = [], None
     for i in range(req.get("warmup", 1) + req.get("repeats", 3)):
-        head = {n: x.detach().clone().requires_grad_(True) for n, x in head0.items()}
+        result = head = None
+        head = {n: x.to(device, copy=True).requires_grad_(True) for n, x in head0.items()}
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -133,12 +140,16 @@ def run(req: dict) -> dict:
         if x.grad.dtype != x.dtype:
             return {"status": "error", "message": f"{impl.name}: d{n} is {x.grad.dtype}, its input {x.dtype}"}
         outs["d" + n] = x.grad
+    peak = int(torch.cuda.max_memory_allocated(device)) if cuda else None
+    output_bytes = sum(x.numel() * x.element_size() for x in outs.values())
     for n, x in outs.items():
         np.save(os.path.join(d, f"out_{n}.npy"), x.to("cpu", torch.float32).numpy())
     return {"status": "ok", "outputs": sorted(outs),
             "not_provided": [m for m in METRICS if m not in metrics],
             "runs_s": runs_s,
-            "peak_bytes": int(torch.cuda.max_memory_allocated(device)) if cuda else None}
+            "peak_bytes": peak,
+            "argument_bytes": argument_bytes,
+            "output_bytes": output_bytes}
 
 
 def main(argv=None) -> int:
