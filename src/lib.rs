@@ -37,6 +37,7 @@ pub mod report;
 pub mod run_identity;
 pub mod runner;
 pub mod shown;
+pub mod shrink;
 pub mod spec;
 pub mod sweep;
 pub mod tally;

@@ -1,12 +1,14 @@
 //! The case matrix: what one case is, its stable id, and loading the YAML files in `cases/`.
 
 mod axes;
+mod id;
 mod load;
 pub mod profiles;
 mod sources;
 pub mod trajectory;
 
 pub use axes::{Axes, Maybe, OneOrMany};
+pub use id::parse_id;
 pub use load::{load_dir, load_dirs, load_file, parse, parse_fixed, Matrix, Suite};
 pub use profiles::{AdvPattern, DataProfile, MaskPattern, Sharding, TierName};
 pub use sources::{CaseSources, GoldenDirs};

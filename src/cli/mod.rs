@@ -4,6 +4,7 @@ mod bench_cmd;
 mod cost_cmd;
 mod golden_cmd;
 mod inputs_cmd;
+mod shrink_cmd;
 mod numbers;
 mod run_cmd;
 mod sweep_cmd;
@@ -93,7 +94,8 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List the case ids of a suite.
+    /// List the case ids of a suite; with an ID, say whether it is a valid case (in the
+    /// matrix or not, what `run --case` and `shrink` take) or, in one line, why not.
     Cases {
         /// smoke | ci | nightly | full
         #[arg(long, default_value = "ci")]
@@ -101,6 +103,8 @@ pub enum Command {
         /// Print one JSON object per case instead of ids.
         #[arg(long)]
         json: bool,
+        /// A case id to check instead of listing.
+        id: Option<String>,
     },
     /// Run implementations on a suite's cases and judge them against the oracle.
     Run(run_cmd::RunArgs),
@@ -158,6 +162,10 @@ pub enum Command {
     /// them (compile-only cases too): median, ratio to jax_baseline, device peak,
     /// compiled peak/floor, derived matmuls and roofline, measured/roofline.
     Bench(bench_cmd::BenchArgs),
+    /// Shrink a failing trial to the smallest case that still fails the same way (its
+    /// signature: the gate's output, the class, the budget, the error), with the
+    /// boundaries found and, with --out, a reproducer that runs without the suite.
+    Shrink(shrink_cmd::ShrinkArgs),
     /// Write a case's inputs and the oracle's outputs as .npy files plus case.json.
     Inputs {
         /// The case id (see `grpo-suite cases --suite full`).
@@ -246,7 +254,29 @@ pub fn dispatch(cli: Cli) -> Result<()> {
     let sources = case_sources(&cli);
     let (matrix, golden) = load_matrix(&sources)?;
     match cli.command {
-        Command::Cases { suite, json } => {
+        Command::Cases {
+            json,
+            id: Some(id),
+            ..
+        } => {
+            let (case, place) = match matrix.get(&id) {
+                Some(c) => {
+                    let suites: Vec<&str> = c.suites.iter().map(|s| s.name()).collect();
+                    (c.clone(), format!("in the matrix (suites {}; {})", suites.join(", "), c.origin))
+                }
+                None => (
+                    grpo_conformance::cases::parse_id(&id).map_err(|e| anyhow::anyhow!(e))?,
+                    "valid, outside the matrix: `grpo-suite run --case ID` runs it".into(),
+                ),
+            };
+            if json {
+                println!("{}", serde_json::to_string(&case)?);
+            } else {
+                println!("{id}: {place}");
+            }
+            Ok(())
+        }
+        Command::Cases { suite, json, .. } => {
             for c in matrix.suite(suite) {
                 if json {
                     println!("{}", serde_json::to_string(c)?);
@@ -260,6 +290,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Sweep(args) => sweep_cmd::run(&matrix, args),
         Command::Cost(args) => cost_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(&matrix, args),
+        Command::Shrink(args) => shrink_cmd::run(&matrix, args),
         Command::Golden { action } => golden_cmd::run(&matrix, &golden, action),
         Command::Report { run, baseline, out } => {
             let w = grpo_conformance::report::write(&run, baseline.as_deref(), &out)?;

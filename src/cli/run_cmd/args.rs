@@ -6,7 +6,8 @@ use clap::Args;
 use grpo_conformance::backends::RunOptions;
 use grpo_conformance::cases::Suite;
 use grpo_conformance::config::Config;
-use grpo_conformance::trials::{Plan, Selection};
+use grpo_conformance::cases::{parse_id, Matrix};
+use grpo_conformance::trials::{Plan, Selection, Work};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -27,6 +28,11 @@ pub struct RunArgs {
     /// `-inputlogits/`), a `*`-glob over the name, or `~substring`.
     #[arg(long)]
     pub filter: Option<String>,
+    /// Run only this case's trials (repeatable): a case of the matrix, or any valid case
+    /// id outside it (its inputs and oracle generated as for any case; `grpo-suite cases
+    /// ID` says why an id is invalid). Golden and should-fail trials are left out.
+    #[arg(long = "case", id = "case_ids", value_name = "ID")]
+    pub case_ids: Vec<String>,
     /// Run configuration (default: GRPO_CONFIG, else configs/nightly.yaml for the nightly
     /// suite, else configs/default.yaml).
     #[arg(long)]
@@ -113,6 +119,39 @@ impl RunArgs {
             implementations: self.impls.clone(),
             ..Default::default()
         }
+    }
+
+    /// The matrix with `--case` ids outside it added (each a case of `--suite`), or None
+    /// without `--case`. An invalid id is refused in one line.
+    pub(super) fn case_matrix(&self, matrix: &Matrix) -> Result<Option<Matrix>> {
+        if self.case_ids.is_empty() {
+            return Ok(None);
+        }
+        let mut extra = Vec::new();
+        for id in &self.case_ids {
+            let mut c = match matrix.get(id) {
+                Some(c) => c.clone(),
+                None => {
+                    let mut c = parse_id(id).map_err(|e| anyhow::anyhow!("--case: {e}"))?;
+                    c.origin = "--case".into();
+                    c
+                }
+            };
+            c.suites = vec![self.suite];
+            extra.push(c);
+        }
+        Ok(Some(matrix.clone().merged(Matrix { cases: extra })?))
+    }
+
+    /// With `--case`: keeps only the run and trajectory trials of those cases.
+    pub(super) fn keep_cases(&self, plan: &mut Plan) {
+        if self.case_ids.is_empty() {
+            return;
+        }
+        plan.trials.retain(|t| match &t.work {
+            Work::Run { case, .. } | Work::Trajectory { case, .. } => self.case_ids.contains(&case.id),
+            _ => false,
+        });
     }
 
     /// Warm-up and timed executions: the arguments', else the configuration's.

@@ -57,6 +57,8 @@ pub fn run(
         Config::load(&config_path)?
     };
     args.check_backends(&config)?;
+    let with_cases = args.case_matrix(matrix)?;
+    let matrix = with_cases.as_ref().unwrap_or(matrix);
     let required = grpo_conformance::env::require_backends();
     let mut plan = if sources.replace {
         Plan::build_for_user_cases(
@@ -81,6 +83,7 @@ pub fn run(
             .retain(|t| !matches!(t.work, Work::ShouldFail(_) | Work::TrajectoryShouldFail));
     }
     args.check_impls(&plan, &config)?;
+    args.keep_cases(&mut plan);
     plan.select(&args.selection());
     let split = match (args.partition, args.worker.is_some()) {
         (Some(p), false) => Some(shard::split(

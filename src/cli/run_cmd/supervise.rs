@@ -70,6 +70,7 @@ pub(super) fn supervise(
                 "--warmup",
                 &opts.warmup.to_string(),
             ])
+            .args(args.case_ids.iter().flat_map(|c| ["--case", c.as_str()]))
             .arg("--worker")
             .arg(&list)
             .stdin(Stdio::null())

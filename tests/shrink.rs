@@ -1,0 +1,142 @@
+//! `grpo-suite shrink` (docs/shrink.md) end to end: deliberately wrong variants shrink to
+//! a few rows and a sixteenth of their size or less, the same way twice; a torch variant's
+//! reproducer, run alone without the suite, prints the same failure; a passing trial, an
+//! unknown one and an invalid case id are refused in one line; `run --case` runs a case
+//! outside the matrix.
+
+use grpo_conformance::cases::parse_id;
+use grpo_conformance::repo_root;
+use std::process::{Command, Output};
+
+fn suite(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_grpo-suite"))
+        .env_remove("GRPO_REQUIRE_BACKENDS")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// The `from:` and `to:` case ids of a shrink's summary.
+fn from_to(o: &Output) -> (String, String) {
+    let out = String::from_utf8_lossy(&o.stdout);
+    let id = |p: &str| {
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix(p))
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no `{p}` line in:\n{}", text(o)))
+            .to_string()
+    };
+    (id("from:"), id("to:"))
+}
+
+fn volume(id: &str) -> usize {
+    let c = parse_id(id).unwrap();
+    c.shape.rows() * c.shape.v
+}
+
+#[test]
+fn wrong_variants_shrink_to_at_most_four_rows_and_a_sixteenth_deterministically() {
+    for v in ["NoTemperatureInGradient", "NoClipInGradient", "Bf16Logp"] {
+        let trial = format!("should-fail/naive_f32+{v}");
+        let o = suite(&["shrink", &trial, "--max-seconds", "300"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let (from, to) = from_to(&o);
+        let min = parse_id(&to).unwrap();
+        assert!(min.shape.rows() <= 4, "{v}: {to}");
+        assert!(volume(&to) * 16 <= volume(&from), "{v}: {from} → {to}");
+        // Still failing the same way: the summary's figure is a FAIL of a gate.
+        let line = String::from_utf8_lossy(&o.stdout);
+        let to_line = line.lines().find(|l| l.trim().starts_with("to:")).unwrap();
+        assert!(to_line.contains(": FAIL"), "{to_line}");
+        if v == "NoTemperatureInGradient" {
+            // The condition it needs is stated: τ ≠ 1.
+            assert!(line.contains("boundary: fails with τ 1.3 and passes with τ 1, with everything else minimal"), "{}", text(&o));
+            let again = suite(&["shrink", &trial, "--max-seconds", "300"]);
+            assert_eq!(from_to(&again), (from.clone(), to.clone()), "not deterministic");
+        }
+    }
+}
+
+#[test]
+fn a_torch_variants_reproducer_prints_the_failure_without_the_suite() {
+    let python = repo_root().join(".venvs/torch/bin/python");
+    assert!(python.is_file(), "{} is missing: run scripts/setup_torch.sh (command 2 does)", python.display());
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "backends:\n  reference:\n    implementations: [oracle]\n  torch:\n    device: cpu\n    implementations:\n      - {{id: 'torch_variants:K1', name: k1, pythonpath: [{}]}}\n",
+            repo_root().join("tests/data/torch_kernels").display()
+        ),
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    // The first logits-level trial the variant fails on the ci tier.
+    let rec = dir.path().join("r.jsonl");
+    suite(&["run", "--suite", "ci", "--config", cfg, "--filter", "torch-cpu/k1/logits/", "--records", rec.to_str().unwrap()]);
+    let trial = std::fs::read_to_string(&rec)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["verdict"] == "fail")
+        .expect("k1 fails some logits case")["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = dir.path().join("repro");
+    let o = suite(&["shrink", &trial, "--config", cfg, "--out", out.to_str().unwrap(), "--max-seconds", "300"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (_, to) = from_to(&o);
+    assert!(parse_id(&to).unwrap().shape.rows() <= 4, "{to}");
+    // k1 for k3 shows only with β > 0: the boundary says so.
+    assert!(text(&o).contains("fails with β 0.04 and passes with β 0"), "{}", text(&o));
+    // The reproducer alone: its own python, no suite binary.
+    let gate: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("gate.json")).unwrap()).unwrap();
+    let r = Command::new(&python)
+        .arg(out.join("reproduce.py"))
+        .env("PYTHONPATH", format!("{}:{}", repo_root().join("tests/data/torch_kernels").display(), repo_root().join("backends/torch").display()))
+        .output()
+        .unwrap();
+    let said = text(&r);
+    assert_eq!(r.status.code(), Some(1), "{said}");
+    assert!(said.contains("FAIL: the failure reproduces"), "{said}");
+    assert!(said.starts_with(gate["output"].as_str().unwrap()), "{said}");
+    for f in ["case.json", "config.yaml", "README.md", "request.json"] {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+    assert!(std::fs::read_to_string(out.join("README.md")).unwrap().contains("FAIL: the failure reproduces"));
+}
+
+#[test]
+fn nothing_to_shrink_is_refused_in_one_line() {
+    let o = suite(&["shrink", "reference/oracle/logits/f32/b1_t16_v2049/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(e.trim().lines().count() == 1 && e.contains("nothing to shrink: the trial passes"), "{e}");
+    let o = suite(&["shrink", "pjrt-cpu/nosuch/logits/f32/b1_t1_v2/grpo/eps0.2-0.2/beta0/normal1-all-positive"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.trim().lines().count() == 1 && e.contains("unknown trial `pjrt-cpu/nosuch/"), "{e}");
+}
+
+#[test]
+fn a_case_outside_the_matrix_runs_and_a_bad_id_is_explained() {
+    let id = "logits/f32/b1_t3_v7/grpo/eps0.2-0.28/beta0.04/normal1-random-mixed";
+    let o = suite(&["cases", id]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("valid, outside the matrix"), "{}", text(&o));
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("r.jsonl");
+    let o = suite(&["run", "--suite", "ci", "--case", id, "--impl", "naive_f32", "--records", rec.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let recs = std::fs::read_to_string(&rec).unwrap();
+    assert!(recs.lines().any(|l| l.contains(&format!("reference/naive_f32/{id}")) && l.contains("\"verdict\":\"pass\"")), "{recs}");
+    let o = suite(&["cases", "logits/f32/b1_t3_v7/grpo/eps0.2-0.28/beta0.04/normal1-random-mixd"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(e.trim().lines().count() == 1 && e.contains("unknown AdvPattern `mixd`"), "{e}");
+}
