@@ -70,7 +70,7 @@ fn a_torch_variants_reproducer_prints_the_failure_without_the_suite() {
     std::fs::write(
         &cfg,
         format!(
-            "backends:\n  reference:\n    implementations: [oracle]\n  torch:\n    device: cpu\n    implementations:\n      - {{id: 'torch_variants:K1', name: k1, pythonpath: [{}]}}\n",
+            "backends:\n  reference:\n    implementations: [oracle]\n  torch:\n    device: cpu\n    implementations:\n      - {{id: 'torch_variants:K1', name: k1, pythonpath: [{0}]}}\n      - {{id: 'torch_variants:FLAKY', name: flaky, pythonpath: [{0}]}}\n",
             repo_root().join("tests/data/torch_kernels").display()
         ),
     )
@@ -88,8 +88,11 @@ fn a_torch_variants_reproducer_prints_the_failure_without_the_suite() {
         .as_str()
         .unwrap()
         .to_string();
+    // --from a run's records: its failing trial (one here).
+    let one = dir.path().join("one.jsonl");
+    suite(&["run", "--suite", "ci", "--config", cfg, "--filter", &trial, "--records", one.to_str().unwrap()]);
     let out = dir.path().join("repro");
-    let o = suite(&["shrink", &trial, "--config", cfg, "--out", out.to_str().unwrap(), "--max-seconds", "300"]);
+    let o = suite(&["shrink", "--from", one.to_str().unwrap(), "--config", cfg, "--out", out.to_str().unwrap(), "--max-seconds", "300"]);
     assert!(o.status.success(), "{}", text(&o));
     let (_, to) = from_to(&o);
     assert!(parse_id(&to).unwrap().shape.rows() <= 4, "{to}");
@@ -111,6 +114,12 @@ fn a_torch_variants_reproducer_prints_the_failure_without_the_suite() {
         assert!(out.join(f).is_file(), "{f}");
     }
     assert!(std::fs::read_to_string(out.join("README.md")).unwrap().contains("FAIL: the failure reproduces"));
+    // A failure that does not reproduce at the start is refused, in one line.
+    let flaky = trial.replacen("/k1/", "/flaky/", 1);
+    let o = suite(&["shrink", &flaky, "--config", cfg]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(e.trim().lines().count() == 1 && e.contains("the failure does not reproduce at the start (flaky"), "{e}");
 }
 
 #[test]
@@ -139,4 +148,43 @@ fn a_case_outside_the_matrix_runs_and_a_bad_id_is_explained() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2));
     assert!(e.trim().lines().count() == 1 && e.contains("unknown AdvPattern `mixd`"), "{e}");
+}
+
+#[test]
+fn the_trajectory_variant_shrinks_in_steps_and_stays_caught() {
+    let o = suite(&["shrink", "should-fail/trajectory/plain_f32+DlmHeadBias5e-5", "--max-seconds", "300"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let steps = |p: &str| -> usize {
+        let l = out.lines().find(|l| l.trim().starts_with(p)).unwrap();
+        l.split(" steps)").next().unwrap().rsplit('(').next().unwrap().parse().unwrap()
+    };
+    assert!(steps("to:") < steps("from:"), "{out}");
+    let to = out.lines().find(|l| l.trim().starts_with("to:")).unwrap();
+    assert!(to.contains("caught on "), "{to}");
+}
+
+#[test]
+fn a_compile_only_memory_failure_keeps_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tight.yaml");
+    std::fs::write(
+        &cfg,
+        "backends:\n  reference:\n    implementations: [oracle]\n  tpu-aot:\n    plugin: null\n    topologies: [v6e:2x2]\n    implementations:\n      - {id: jax_baseline, name: jax_baseline@tight, max_peak_over_floor: 1.05, cases: \"logits/bf16/b2_t8_v2049/*\"}\n",
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let list = suite(&["run", "--suite", "ci", "--config", cfg, "--list"]);
+    let trial = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .find(|l| l.starts_with("tpu-aot-v6e-2x2/jax_baseline@tight/"))
+        .expect("the tight entry's trial")
+        .to_string();
+    let o = suite(&["shrink", &trial, "--config", cfg, "--max-seconds", "300"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (from, to) = from_to(&o);
+    assert!(volume(&to) < volume(&from), "{from} → {to}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let to_line = out.lines().find(|l| l.trim().starts_with("to:")).unwrap();
+    assert!(to_line.contains("OVER BUDGET") && to_line.contains("budget 1.05× floor"), "{to_line}");
 }

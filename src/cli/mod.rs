@@ -290,7 +290,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Sweep(args) => sweep_cmd::run(&matrix, args),
         Command::Cost(args) => cost_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(&matrix, args),
-        Command::Shrink(args) => shrink_cmd::run(&matrix, args),
+        Command::Shrink(args) => shrink_cmd::run(&matrix, sources.replace, args),
         Command::Golden { action } => golden_cmd::run(&matrix, &golden, action),
         Command::Report { run, baseline, out } => {
             let w = grpo_conformance::report::write(&run, baseline.as_deref(), &out)?;

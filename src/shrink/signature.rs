@@ -128,7 +128,13 @@ impl Signature {
             Signature::Other(r) => format!("{r} ({})", v()),
             Signature::Error => v(),
             Signature::Caught => match &o.verdict {
-                Verdict::Pass => o.detail.clone().unwrap_or_else(|| "caught".into()),
+                Verdict::Pass => {
+                    let d = o.detail.clone().unwrap_or_default();
+                    match d.split_once("caught by the trajectory gate on ") {
+                        Some((_, c)) => format!("caught on {c}"),
+                        None => format!("caught ({d})"),
+                    }
+                }
                 other => format!("not caught ({})", verdict_line(other)),
             },
         }

@@ -66,10 +66,16 @@ struct Job {
 }
 
 /// Runs `shrink`.
-pub fn run(matrix: &Matrix, args: ShrinkArgs) -> Result<()> {
+pub fn run(matrix: &Matrix, replace_cases: bool, args: ShrinkArgs) -> Result<()> {
     let config_path = Config::path_for(args.config.as_deref(), args.suite)?;
     let config = Config::load(&config_path)?;
-    let plan = Plan::build(matrix, args.suite, &config, &[], false)?;
+    // With --replace-cases the configuration's globs name the suite's cases, not these
+    // (as `run` builds it).
+    let plan = if replace_cases {
+        Plan::build_for_user_cases(matrix, args.suite, &config, &[], false)?
+    } else {
+        Plan::build(matrix, args.suite, &config, &[], false)?
+    };
     let names: Vec<String> = match (&args.trial, &args.from) {
         (Some(t), _) => vec![t.clone()],
         (None, Some(r)) => {
@@ -198,18 +204,33 @@ fn job(plan: &mut Plan, name: &str, config_path: &std::path::Path) -> Result<Job
             }
         }
         Work::TrajectoryShouldFail => {
-            let case = plan
+            // The trajectory that catches it over the suite's cases is where it starts.
+            let o = execute(plan, &t, None);
+            let caught = o
+                .detail
+                .as_deref()
+                .filter(|_| matches!(o.verdict, Verdict::Pass))
+                .and_then(|d| d.split("caught by the trajectory gate on ").nth(1))
+                .and_then(|d| d.split(": ").next())
+                .ok_or_else(|| {
+                    anyhow!(
+                        "nothing to shrink: `{name}` is not caught on suite {} ({})",
+                        plan.suite,
+                        o.detail.clone().unwrap_or_default()
+                    )
+                })?
+                .to_string();
+            let (case, spec) = plan
                 .cases
                 .iter()
-                .find(|c| c.trajectories.iter().any(|x| x.in_suite(plan.suite)))
-                .ok_or_else(|| anyhow!("nothing to shrink: suite {} has no trajectory case", plan.suite))?;
-            let spec = case
-                .trajectories
-                .iter()
-                .find(|x| x.in_suite(plan.suite))
-                .cloned()
-                .expect("found above");
-            let mut c = (**case).clone();
+                .find_map(|c| {
+                    c.trajectories
+                        .iter()
+                        .find(|x| caught == format!("{}/{}", c.id, x.label()))
+                        .map(|x| (c.clone(), x.clone()))
+                })
+                .ok_or_else(|| anyhow!("`{name}` was caught on `{caught}`, which the plan does not hold"))?;
+            let mut c = (*case).clone();
             c.trajectories = vec![spec.clone()];
             Job {
                 start: Subject { case: c, steps: Some(spec.steps) },

@@ -140,7 +140,7 @@ pub fn write(
     let printed = String::from_utf8_lossy(&ran.stdout).trim().to_string();
     let code = ran.status.code().unwrap_or(-1);
     readme.push_str(&format!(
-        "\n## Reproduce\n\nIn this directory (numpy and the implementation's own environment; no suite):\n\n```sh\n{command}\n```\n\nIt runs `{}` through the same entry as the configuration (config.yaml, request.json) on the inputs here, writes its outputs as out_<name>.npy and prints the gate's comparison (gate.json holds the suite's figures). As it printed when written (exit {code}):\n\n```\n{printed}\n```\n",
+        "\n## Reproduce\n\nIn this directory (numpy and the implementation's own environment; no suite):\n\n```sh\n{command}\n```\n\nIt runs `{}` through the same entry as the configuration (config.yaml, request.json) on the inputs here, writes its outputs as out_<name>.npy, and prints the output's worst element with both values, its relative norm error and its non-finite count beside the suite's gate line (gate.json); exit 1 when the failure reproduces. Set whatever environment the implementation itself reads (an example's README says, e.g. MLLM_JAX_DIR). As it printed when written (exit {code}):\n\n```\n{printed}\n```\n",
         entry.display_name()
     ));
     std::fs::write(dir.join("README.md"), readme)?;

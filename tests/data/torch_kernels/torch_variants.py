@@ -52,7 +52,19 @@ def _logp_only(head, batch, knobs, options):
     return loss, {"per_token_logp": m["per_token_logp"]}
 
 
+_calls = [0]
+
+
+def _flaky(head, batch, knobs, options):
+    """SPEC's loss, doubled on the worker's first call only: a failure that does not
+    reproduce (tests/shrink.rs)."""
+    _calls[0] += 1
+    loss, m = baseline_loss(head, batch, knobs, options)
+    return (2 * loss if _calls[0] == 1 else loss), m
+
+
 K1 = Implementation(name="k1", loss=_k1_loss)
+FLAKY = Implementation(name="flaky", loss=_flaky)
 BF16_MATMUL = Implementation(name="bf16_matmul", loss=_bf16_matmul_loss)
 RAISES = Implementation(name="raises", loss=_raises)
 ABORTS = Implementation(name="aborts", loss=_aborts)
