@@ -233,7 +233,7 @@ mod tests {
     /// A fake kernel: wrong when V is not a multiple of 256 and β > 0, on any shape.
     fn padding_bug(s: &Subject) -> Observation {
         let c = &s.case;
-        let fails = c.shape.v % 256 != 0 && c.knobs.beta > 0.0;
+        let fails = !c.shape.v.is_multiple_of(256) && c.knobs.beta > 0.0;
         Observation { holds: fails, passed: !fails, figure: format!("V {}", c.shape.v) }
     }
 

@@ -253,7 +253,7 @@ fn alignments(config: &Config, t: &Trial) -> Vec<usize> {
         .find(|c| c.display_name() == t.key.1)
     {
         for v in c.options.values() {
-            if let Some(n) = v.as_u64().filter(|&n| n >= 2 && n < 1 << 20) {
+            if let Some(n) = v.as_u64().filter(|n| (2..1 << 20).contains(n)) {
                 a.push(n as usize);
             }
         }
