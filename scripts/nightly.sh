@@ -7,6 +7,10 @@
 #   scripts/nightly.sh                 # the nightly tier (hours on a 2-core CPU machine)
 #   scripts/nightly.sh --small         # the smoke suite, same steps (minutes): what CI-like machines run
 #   scripts/nightly.sh --results DIR   # where records and reports go (default results/nightly[-small])
+#   scripts/nightly.sh --export        # also export the run for dashboards: a W&B offline run
+#                                      # (<out>/wandb, `wandb sync` uploads it) and TensorBoard
+#                                      # event files (<out>/tensorboard), tagged nightly and host
+#   GRPO_NIGHTLY_EXPORT=1 scripts/nightly.sh   # the same, from the environment
 #
 # Exit status: 0 all trials ok and no regression against the previous run; 1 failing
 # trials or a regression; 2 the run or the comparison could not be made.
@@ -15,11 +19,13 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 small=0
 results=""
+export_runs="${GRPO_NIGHTLY_EXPORT:-0}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --small) small=1 ;;
     --results) shift; results="${1:?--results needs a directory}" ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --export) export_runs=1 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -83,6 +89,12 @@ else
   say "no previous run of $host in $results: nothing to compare with yet"
 fi
 say "report: $out/report.html"
+if [ "$export_runs" = 1 ]; then
+  # Each night is one W&B run with the same tags, so a dashboard shows the figures over time.
+  bash scripts/setup_dashboards.sh || exit 2
+  "$bin" export "$rec" --wandb "$out/wandb" --tensorboard "$out/tensorboard" \
+    --name "$suite-$stamp-$host" --tags "$suite,$host" || exit 2
+fi
 [ "$cmp_rc" -eq 2 ] && exit 2
 [ "$run_rc" -ne 0 ] || [ "$cmp_rc" -eq 1 ] && exit 1
 exit 0

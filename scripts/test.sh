@@ -20,7 +20,9 @@ took "setup"
 # downloads while pytest and the build below use the cores; it is waited for before the
 # tests that use it (tests/torch.rs, the configs/torch.yaml run).
 torchlog="$(mktemp)"
-bash scripts/setup_torch.sh >"$torchlog" 2>&1 &
+# The dashboards' environment (.venvs/dashboards: wandb, tensorboardX, tbparse; about
+# 360 MB) comes after it, for tests/export.rs.
+{ bash scripts/setup_torch.sh && bash scripts/setup_dashboards.sh; } >"$torchlog" 2>&1 &
 torchpid=$!
 log="$(mktemp)"
 pylog="$(mktemp)"
@@ -60,8 +62,8 @@ wait "$torchpid"
 torchsetup=$?
 cat "$torchlog" >&2
 rm -f "$torchlog"
-[ "$torchsetup" -eq 0 ] || { echo "scripts/setup_torch.sh failed (exit $torchsetup): the torch backend's tests cannot run" >&2; exit 1; }
-took "torch environment (downloaded in the background)"
+[ "$torchsetup" -eq 0 ] || { echo "scripts/setup_torch.sh or scripts/setup_dashboards.sh failed (exit $torchsetup): the torch backend's and the export's tests cannot run" >&2; exit 1; }
+took "torch and dashboards environments (downloaded in the background)"
 echo "== cargo test" >&2
 export GRPO_REQUIRE_BACKENDS="${GRPO_REQUIRE_BACKENDS:-reference,pjrt-cpu,tpu-aot-v6e-2x2}"
 cargo test --workspace --release --no-fail-fast "$@" 2>&1 | tee -a "$log"

@@ -18,6 +18,7 @@ pub mod compare;
 pub mod config;
 pub mod cost;
 pub mod env;
+pub mod export;
 pub mod gates;
 pub mod golden;
 pub mod host_memory;

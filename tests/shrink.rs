@@ -180,7 +180,7 @@ fn a_compile_only_memory_failure_keeps_its_budget() {
         .find(|l| l.starts_with("tpu-aot-v6e-2x2/jax_baseline@tight/"))
         .expect("the tight entry's trial")
         .to_string();
-    let o = suite(&["shrink", &trial, "--config", cfg, "--max-seconds", "300"]);
+    let o = suite(&["shrink", &trial, "--config", cfg, "--max-trials", "6"]);
     assert!(o.status.success(), "{}", text(&o));
     let (from, to) = from_to(&o);
     assert!(volume(&to) < volume(&from), "{from} → {to}");

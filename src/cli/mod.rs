@@ -3,6 +3,7 @@
 mod bench_cmd;
 mod cost_cmd;
 mod golden_cmd;
+mod export_cmd;
 mod inputs_cmd;
 mod shrink_cmd;
 mod numbers;
@@ -162,6 +163,8 @@ pub enum Command {
     /// them (compile-only cases too): median, ratio to jax_baseline, device peak,
     /// compiled peak/floor, derived matmuls and roofline, measured/roofline.
     Bench(bench_cmd::BenchArgs),
+    /// Export a run's records as a W&B offline run and/or TensorBoard event files.
+    Export(export_cmd::ExportArgs),
     /// Shrink a failing trial to the smallest case that still fails the same way (its
     /// signature: the gate's output, the class, the budget, the error), with the
     /// boundaries found and, with --out, a reproducer that runs without the suite.
@@ -290,6 +293,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Command::Sweep(args) => sweep_cmd::run(&matrix, args),
         Command::Cost(args) => cost_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(&matrix, args),
+        Command::Export(args) => export_cmd::run(args),
         Command::Shrink(args) => shrink_cmd::run(&matrix, sources.replace, args),
         Command::Golden { action } => golden_cmd::run(&matrix, &golden, action),
         Command::Report { run, baseline, out } => {

@@ -72,7 +72,9 @@ enum YAxis {
     Categories(Vec<String>),
 }
 
-/// A scatter plot with optional log axes; `hline` draws a dashed reference line.
+/// A scatter plot with optional log axes; each of `hlines` is a dashed reference line
+/// with its label. Without a point it is one line of text, not an empty frame. The legend
+/// column is as wide as its longest name, so no label is cut at the edge.
 fn scatter(
     title: &str,
     xlabel: &str,
@@ -80,10 +82,24 @@ fn scatter(
     series: &[Series],
     logx: bool,
     yaxis: YAxis,
-    hline: Option<(f64, &str)>,
+    hlines: &[(f64, String)],
 ) -> String {
-    let (w, h, l, r, t, b): (f64, f64, f64, f64, f64, f64) =
-        (1000.0, 380.0, 70.0, 330.0, 30.0, 50.0);
+    if series.iter().all(|s| s.points.is_empty()) {
+        return format!(
+            r#"<p class="nodata"><b>{}</b>: no data in this run</p>"#,
+            esc(title)
+        );
+    }
+    // 6.5 px per character of the 11 px sans-serif legend, its marker and a margin.
+    let legend = series
+        .iter()
+        .map(|s| s.name.chars().count())
+        .max()
+        .unwrap_or(0) as f64
+        * 6.5
+        + 40.0;
+    let (h, l, r, t, b): (f64, f64, f64, f64, f64) = (380.0, 70.0, legend.max(330.0), 30.0, 50.0);
+    let w = 670.0 + r;
     let logy = matches!(yaxis, YAxis::Log);
     let cats = match &yaxis {
         YAxis::Categories(c) => Some(c.as_slice()),
@@ -107,10 +123,6 @@ fn scatter(
         l,
         esc(title)
     );
-    if pts.is_empty() {
-        svg.push_str(r#"<text x="80" y="80">no data in this run</text></svg>"#);
-        return svg;
-    }
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in &pts {
         x0 = x0.min(x);
@@ -118,7 +130,7 @@ fn scatter(
         y0 = y0.min(y);
         y1 = y1.max(y);
     }
-    if let Some((v, _)) = hline {
+    for &(v, _) in hlines {
         y0 = y0.min(ty(v));
         y1 = y1.max(ty(v));
     }
@@ -190,14 +202,20 @@ fn scatter(
         t + (h - t - b) / 2.0,
         esc(ylabel)
     );
-    if let Some((v, label)) = hline {
-        let y = sy(ty(v));
+    // One line per budget; labels that would overlap step down below the previous one.
+    let mut last_label_y = f64::MIN;
+    let mut lines: Vec<&(f64, String)> = hlines.iter().collect();
+    lines.sort_by(|a, b| b.0.total_cmp(&a.0));
+    for (v, label) in lines {
+        let y = sy(ty(*v));
+        let ly = (y - 4.0).max(last_label_y + 13.0).max(t + 11.0);
+        last_label_y = ly;
         let _ = write!(
             svg,
             r##"<line x1="{l}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#d62728" stroke-dasharray="5,4"/><text x="{:.1}" y="{:.1}" fill="#d62728">{}</text>"##,
             w - r,
             l + 4.0,
-            y - 4.0,
+            ly,
             esc(label)
         );
     }
@@ -422,7 +440,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
     let mut time: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     let mut mem: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     let mut margin: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    let mut budget_line: Option<(f64, u64)> = None;
+    let mut budgets: Vec<(f64, u64)> = Vec::new();
     for o in &runs {
         let key = format!("{}/{}", o.backend, o.implementation);
         if let (Some(t), Some(n)) = (
@@ -441,8 +459,9 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
             }
         }
         if let Some(b) = &o.budget {
-            let cur = budget_line.unwrap_or((0.0, 0));
-            budget_line = Some((cur.0.max(b.max_peak_over_floor), cur.1.max(b.slack_bytes)));
+            if !budgets.contains(&(b.max_peak_over_floor, b.slack_bytes)) {
+                budgets.push((b.max_peak_over_floor, b.slack_bytes));
+            }
         }
         for g in &o.gates {
             if g.bound_used.is_finite() && g.bound_used > 0.0 {
@@ -474,18 +493,23 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         &series(time),
         true,
         YAxis::Log,
-        None,
+        &[],
     );
-    let budget_label = budget_line.map(|(r, slack)| {
-        if slack > 0 {
-            format!(
-                "budget {r}× (+{} fixed: small floors sit above the line and pass)",
-                crate::runner::human_bytes(slack)
-            )
-        } else {
-            format!("budget {r}×")
-        }
-    });
+    budgets.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let budget_lines: Vec<(f64, String)> = budgets
+        .iter()
+        .map(|&(r, slack)| {
+            let label = if slack > 0 {
+                format!(
+                    "budget {r}× (+{} fixed: small floors sit above the line and pass)",
+                    crate::runner::human_bytes(slack)
+                )
+            } else {
+                format!("budget {r}×")
+            };
+            (r, label)
+        })
+        .collect();
     let mem_svg = scatter(
         "Compiled peak HBM over the floor (tpu-aot, per chip)",
         "floor: arguments + outputs − aliased (bytes)",
@@ -493,7 +517,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         &series(mem),
         true,
         YAxis::Linear,
-        budget_line.map(|(r, _)| (r, budget_label.as_deref().unwrap_or("budget"))),
+        &budget_lines,
     );
     let margin_svg = scatter(
         "Each output's norm-wise error as a fraction of its gate's bound (1 = on the bound)",
@@ -502,7 +526,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         &margin_series,
         true,
         YAxis::Categories(outputs),
-        None,
+        &[],
     );
 
     // Markdown.
@@ -784,7 +808,7 @@ mod tests {
             }],
             true,
             YAxis::Linear,
-            Some((2.5, "budget")),
+            &[(2.5, "budget".into())],
         );
         assert!(
             s.starts_with("<svg")
@@ -793,5 +817,43 @@ mod tests {
                 && s.contains("budget")
         );
         assert!(!s.contains("<script") && !s.contains("href"));
+    }
+
+    /// The width of the SVG and the x of each legend label's start, from its text.
+    fn width_and_legend(s: &str) -> (f64, Vec<(f64, String)>) {
+        let num = |k: &str, from: &str| -> f64 {
+            let i = from.find(&format!("{k}=\"")).unwrap() + k.len() + 2;
+            from[i..].split('"').next().unwrap().parse().unwrap()
+        };
+        let w = num("width", s);
+        let labels = s
+            .split("<text ")
+            .skip(1)
+            .filter(|t| !t.contains("text-anchor") && !t.contains("font-weight") && !t.contains("fill="))
+            .map(|t| (num("x", t), t.split('>').nth(1).unwrap().split('<').next().unwrap().to_string()))
+            .collect();
+        (w, labels)
+    }
+
+    #[test]
+    fn an_empty_plot_is_one_line_and_each_budget_has_its_line_and_labels_fit() {
+        let empty = scatter("Peak", "x", "y", &[Series { name: "a".into(), points: vec![] }], true, YAxis::Linear, &[]);
+        assert_eq!(empty, r#"<p class="nodata"><b>Peak</b>: no data in this run</p>"#);
+        let long = "tpu-aot-v6e-2x2/xla_saved_logits@8192x2048-x3dlm-and-a-longer-name";
+        let s = scatter(
+            "t",
+            "x",
+            "y",
+            &[Series { name: long.into(), points: vec![(1.0, 1.0), (2.0, 1.2)] }],
+            true,
+            YAxis::Linear,
+            &[(1.05, "budget 1.05×".into()), (3.0, "budget 3×".into())],
+        );
+        assert!(s.contains(">budget 1.05×<") && s.contains(">budget 3×<"), "{s}");
+        assert_eq!(s.matches("stroke-dasharray").count(), 2);
+        let (w, labels) = width_and_legend(&s);
+        let (x, text) = labels.iter().find(|(_, t)| t == long).expect("the legend label");
+        // 6.5 px per character bounds the 11 px sans-serif text's width.
+        assert!(x + 6.5 * text.chars().count() as f64 <= w, "label ends past the SVG's width {w}");
     }
 }

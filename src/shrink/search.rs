@@ -259,10 +259,22 @@ mod tests {
         assert!(c.knobs.beta > 0.0);
         assert_eq!(c.mask.name(), "all");
         assert!(r.boundaries.iter().any(|b| b.line() == "fails with β 0.04 and passes with β 0, with everything else minimal"), "{:?}", r.boundaries);
-        // On the way, 4099 fails where 4096, a multiple of 256, passes... unless halving
-        // came first: the search halves first, so the aligned fact is seen lower down.
-        assert!(r.boundaries.iter().any(|b| b.axis == Axis::V && b.passes.parse::<usize>().unwrap() % 256 == 0), "{:?}", r.boundaries);
         assert!(r.stopped.is_none());
+    }
+
+    /// A fake padding bug that needs V > 2000: halving V no longer keeps it, and the
+    /// aligned neighbour below is where it passes.
+    fn big_padding_bug(s: &Subject) -> Observation {
+        let v = s.case.shape.v;
+        let fails = !v.is_multiple_of(256) && v > 2000;
+        Observation { holds: fails, passed: !fails, figure: String::new() }
+    }
+
+    #[test]
+    fn an_aligned_neighbour_that_passes_is_stated() {
+        let r = run(START, big_padding_bug, WIDE);
+        assert_eq!(r.minimal.case.shape.v, 2049, "{}", r.minimal.case.id);
+        assert!(r.boundaries.iter().any(|b| b.line() == "fails at V = 2049 and passes at V = 2048, with everything else minimal"), "{:?}", r.boundaries);
     }
 
     #[test]
