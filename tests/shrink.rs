@@ -1,5 +1,6 @@
 //! `grpo-suite shrink` (docs/shrink.md) end to end: deliberately wrong variants shrink to
-//! a few rows and a sixteenth of their size or less, the same way twice; a torch variant's
+//! a few rows and a sixteenth of their size or less, the same way twice, and their
+//! reproducers, run alone with numpy, print the same failing output; a torch variant's
 //! reproducer, run alone without the suite, prints the same failure; a passing trial, an
 //! unknown one and an invalid case id are refused in one line; `run --case` runs a case
 //! outside the matrix.
@@ -42,7 +43,9 @@ fn volume(id: &str) -> usize {
 fn wrong_variants_shrink_to_at_most_four_rows_and_a_sixteenth_deterministically() {
     for v in ["NoTemperatureInGradient", "NoClipInGradient", "Bf16Logp"] {
         let trial = format!("should-fail/naive_f32+{v}");
-        let o = suite(&["shrink", &trial, "--max-seconds", "300"]);
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("repro");
+        let o = suite(&["shrink", &trial, "--max-seconds", "300", "--out", out.to_str().unwrap()]);
         assert!(o.status.success(), "{}", text(&o));
         let (from, to) = from_to(&o);
         let min = parse_id(&to).unwrap();
@@ -52,6 +55,16 @@ fn wrong_variants_shrink_to_at_most_four_rows_and_a_sixteenth_deterministically(
         let line = String::from_utf8_lossy(&o.stdout);
         let to_line = line.lines().find(|l| l.trim().starts_with("to:")).unwrap();
         assert!(to_line.contains(": FAIL"), "{to_line}");
+        // The reproducer alone (numpy, no suite) prints the same failing output.
+        let gate: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("gate.json")).unwrap()).unwrap();
+        let python = repo_root().join(".venv/bin/python");
+        let r = Command::new(&python).arg(out.join("reproduce.py")).env_remove("PYTHONPATH").output().unwrap();
+        let said = text(&r);
+        assert_eq!(r.status.code(), Some(1), "{v}: {said}");
+        assert!(said.contains("FAIL: the failure reproduces"), "{v}: {said}");
+        assert!(to_line.contains(&format!("{}: FAIL", gate["output"].as_str().unwrap())), "{v}: {to_line}");
+        assert!(said.lines().any(|l| l.starts_with(&format!("{}: worst element", gate["output"].as_str().unwrap()))), "{v}: {said}");
         if v == "NoTemperatureInGradient" {
             // The condition it needs is stated: τ ≠ 1.
             assert!(line.contains("boundary: fails with τ 1.3 and passes with τ 1, with everything else minimal"), "{}", text(&o));

@@ -6,7 +6,10 @@
 //! its output goes into the README as it printed.
 
 use anyhow::{Context, Result};
-use grpo_conformance::config::{Config, ImplConfig};
+use grpo_conformance::backends::{Mutation, NaiveF32};
+use grpo_conformance::config::{Config, ImplConfig, ImplEntry};
+use grpo_conformance::npy;
+use grpo_conformance::runner::Prepared;
 use grpo_conformance::runner::TrialOutcome;
 use grpo_conformance::shrink::{Report, Signature};
 use grpo_conformance::trials::{Trial, Work};
@@ -20,6 +23,10 @@ const SCRIPT: &str = include_str!("reproduce.py");
 enum Family {
     Jax,
     Torch,
+    /// The suite's own Rust variants (`naive_f32+<Mutation>` on `reference`): no entry
+    /// outside the suite runs them, so their outputs at the minimal case are written here
+    /// (out_<name>.npy) and reproduce.py compares those with the oracle's.
+    Suite(NaiveF32),
 }
 
 /// Writes the reproducer of `r`'s minimal case (whose outcome is `o`, failing as `sig`).
@@ -62,11 +69,24 @@ pub fn write(
     let family = match (&t.work, t.key.0.as_str()) {
         (Work::Run { .. }, b) if b.starts_with("torch-") => Some(Family::Torch),
         (Work::Run { .. }, b) if b.starts_with("pjrt-cpu") => Some(Family::Jax),
+        (Work::Run { .. }, "reference") => t.key.1.strip_prefix("naive_f32").and_then(|m| {
+            let mutation = match m.strip_prefix('+') {
+                Some(m) => Some(Mutation::parse(m)?),
+                None if m.is_empty() => None,
+                None => return None,
+            };
+            Some(Family::Suite(NaiveF32 { mutation }))
+        }),
         _ => None,
+    };
+    // The suite's own variants have no configured entry: theirs is their name.
+    let entry = match (&family, entry) {
+        (Some(Family::Suite(_)), None) => Some(ImplEntry::Id(t.key.1.clone()).resolved()),
+        (_, e) => e,
     };
     let (Some(family), Some(entry), Signature::Gate(output)) = (family, entry, sig) else {
         readme.push_str(&format!(
-            "\nNo reproduce.py: it runs a configured JAX implementation on pjrt-cpu or a torch one, and compares a gate; this is `{}` on `{}`, failing as: {}. The inputs and the oracle's outputs are here (case.json).\n",
+            "\nNo reproduce.py: it runs a configured JAX implementation on pjrt-cpu or a torch one (or compares the outputs of the suite's own naive_f32 variants), and compares a gate; this is `{}` on `{}`, failing as: {}. The inputs and the oracle's outputs are here (case.json).\n",
             t.key.1,
             t.key.0,
             sig.describe()
@@ -89,6 +109,7 @@ pub fn write(
         }))? + "\n",
     )?;
     let s = case.shape;
+    let suite_own = matches!(family, Family::Suite(_));
     let (request, python, mut path, section) = match family {
         Family::Torch => (
             json!({"family": "torch", "request": {
@@ -120,6 +141,23 @@ pub fn write(
             vec![grpo_conformance::repo_root().join("backends/jax")],
             t.key.0.clone() + ":",
         ),
+        Family::Suite(naive) => {
+            // The inputs the suite's run judged (as the runner prepares them).
+            let outs = naive.run(case, &Prepared::new(case).inputs);
+            for (name, x) in &outs.tensors {
+                npy::write_f32(&dir.join(format!("out_{name}.npy")), &x.shape, &x.data)?;
+            }
+            (
+                json!({"family": "suite", "implementation": t.key.1,
+                       "outputs": outs.tensors.keys().map(|n| n.to_string()).collect::<Vec<_>>()}),
+                grpo_conformance::env::python()
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| grpo_conformance::repo_root().join(".venv/bin/python")),
+                Vec::new(),
+                "reference:".to_string(),
+            )
+        }
     };
     // Absolute, symlinks kept (a venv's python is a link to its base interpreter).
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
@@ -130,7 +168,11 @@ pub fn write(
     std::fs::write(dir.join("config.yaml"), config_yaml(&section, &entry, &python, &pythonpath)?)?;
     std::fs::write(dir.join("reproduce.py"), SCRIPT)?;
     let joined = std::env::join_paths(&pythonpath)?.to_string_lossy().into_owned();
-    let command = format!("PYTHONPATH={joined} {} reproduce.py", python.display());
+    let command = if joined.is_empty() {
+        format!("{} reproduce.py", python.display())
+    } else {
+        format!("PYTHONPATH={joined} {} reproduce.py", python.display())
+    };
     let ran = Command::new(&python)
         .arg(dir.join("reproduce.py"))
         .env("PYTHONPATH", &joined)
@@ -140,13 +182,17 @@ pub fn write(
     let printed = String::from_utf8_lossy(&ran.stdout).trim().to_string();
     let code = ran.status.code().unwrap_or(-1);
     readme.push_str(&format!(
-        "\n## Reproduce\n\nIn this directory (numpy and the implementation's own environment; no suite):\n\n```sh\n{command}\n```\n\nIt runs `{}` through the same entry as the configuration (config.yaml, request.json) on the inputs here, writes its outputs as out_<name>.npy, and prints the output's worst element with both values, its relative norm error and its non-finite count beside the suite's gate line (gate.json); exit 1 when the failure reproduces. Set whatever environment the implementation itself reads (an example's README says, e.g. MLLM_JAX_DIR). As it printed when written (exit {code}):\n\n```\n{printed}\n```\n",
-        entry.display_name()
+        "\n## Reproduce\n\nIn this directory (numpy and the implementation's own environment; no suite):\n\n```sh\n{command}\n```\n\n{runs}, and prints the output's worst element with both values, its relative norm error and its non-finite count beside the suite's gate line (gate.json); exit 1 when the failure reproduces. Set whatever environment the implementation itself reads (an example's README says, e.g. MLLM_JAX_DIR). As it printed when written (exit {code}):\n\n```\n{printed}\n```\n",
+        runs = if suite_own {
+            format!("`{}` is the suite's own Rust code, which nothing outside the suite runs: the outputs it gave on the inputs here are out_<name>.npy (request.json names them); it compares those with the oracle's", entry.display_name())
+        } else {
+            format!("It runs `{}` through the same entry as the configuration (config.yaml, request.json) on the inputs here, writes its outputs as out_<name>.npy", entry.display_name())
+        }
     ));
     std::fs::write(dir.join("README.md"), readme)?;
     let reproduces = code == 1 && printed.contains("FAIL: the failure reproduces");
     if reproduces {
-        eprintln!("wrote the reproducer to {}: reproduce.py alone prints the failure ({})", dir.display(), printed.lines().next().unwrap_or_default());
+        eprintln!("wrote the reproducer to {}: reproduce.py alone prints the failure ({})", dir.display(), printed.lines().find(|l| l.starts_with(&format!("{output}:"))).unwrap_or_default());
     } else {
         let err = String::from_utf8_lossy(&ran.stderr);
         eprintln!(
