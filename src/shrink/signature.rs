@@ -11,8 +11,14 @@ use crate::spec::OutputName;
 /// The failure a shrink keeps.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Signature {
-    /// This output's gate fails.
-    Gate(OutputName),
+    /// This output's gate fails, with non-finite values or with finite ones (a finite
+    /// error that turns into NaN or inf at a degenerate case is another failure).
+    Gate {
+        /// The output.
+        output: OutputName,
+        /// Whether its failure is non-finite values.
+        non_finite: bool,
+    },
     /// The trajectory reaches a class below this one (or none), which it must reach.
     Class(PrecisionClass),
     /// The memory budget (peak over floor) is exceeded.
@@ -55,7 +61,7 @@ impl Signature {
             .filter(|g| !g.passed)
             .max_by(|a, b| rank(a).total_cmp(&rank(b)))
         {
-            return Ok(Signature::Gate(g.output));
+            return Ok(Signature::Gate { output: g.output, non_finite: g.non_finite > 0 });
         }
         if o.budget.as_ref().is_some_and(|b| !b.passed) {
             return Ok(Signature::Memory);
@@ -83,7 +89,10 @@ impl Signature {
         let holds = match Signature::of(o, *self == Signature::Caught) {
             Err(_) => false,
             Ok(s) => match (self, &s) {
-                (Signature::Gate(out), _) => o.gates.iter().any(|g| !g.passed && g.output == *out),
+                (Signature::Gate { output, non_finite }, _) => o
+                    .gates
+                    .iter()
+                    .any(|g| !g.passed && g.output == *output && (g.non_finite > 0) == *non_finite),
                 (Signature::Class(r), _) => o
                     .trajectory
                     .as_ref()
@@ -105,7 +114,7 @@ impl Signature {
     pub fn figure(&self, o: &TrialOutcome) -> String {
         let v = || verdict_line(&o.verdict);
         match self {
-            Signature::Gate(out) => match o.gates.iter().find(|g| g.output == *out) {
+            Signature::Gate { output: out, .. } => match o.gates.iter().find(|g| g.output == *out) {
                 Some(g) if g.passed => format!("{out} passes (rel {:.2e})", g.norm_err),
                 Some(g) => g.message.clone(),
                 None => format!("{out}: no gate ({})", v()),
@@ -143,7 +152,8 @@ impl Signature {
     /// One line naming it.
     pub fn describe(&self) -> String {
         match self {
-            Signature::Gate(o) => format!("the {o} gate fails"),
+            Signature::Gate { output, non_finite: true } => format!("the {output} gate fails on non-finite values"),
+            Signature::Gate { output, non_finite: false } => format!("the {output} gate fails on finite values"),
             Signature::Class(r) => format!("the trajectory reaches a class below {r}"),
             Signature::Memory => "the memory budget is exceeded".into(),
             Signature::Speed => "the speed budget is exceeded".into(),
@@ -174,7 +184,7 @@ impl Signature {
     /// user's choice in place of the worst gate).
     pub fn of_output(o: &TrialOutcome, output: OutputName) -> Result<Signature, String> {
         match o.gates.iter().find(|g| g.output == output) {
-            Some(g) if !g.passed => Ok(Signature::Gate(output)),
+            Some(g) if !g.passed => Ok(Signature::Gate { output, non_finite: g.non_finite > 0 }),
             Some(_) => Err(format!("nothing to shrink: the {output} gate passes")),
             None => Err(format!("nothing to shrink: the trial has no {output} gate")),
         }

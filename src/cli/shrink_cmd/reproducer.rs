@@ -84,7 +84,7 @@ pub fn write(
         (Some(Family::Suite(_)), None) => Some(ImplEntry::Id(t.key.1.clone()).resolved()),
         (_, e) => e,
     };
-    let (Some(family), Some(entry), Signature::Gate(output)) = (family, entry, sig) else {
+    let (Some(family), Some(entry), Signature::Gate { output, .. }) = (family, entry, sig) else {
         readme.push_str(&format!(
             "\nNo reproduce.py: it runs a configured JAX implementation on pjrt-cpu or a torch one (or compares the outputs of the suite's own naive_f32 variants), and compares a gate; this is `{}` on `{}`, failing as: {}. The inputs and the oracle's outputs are here (case.json).\n",
             t.key.1,
