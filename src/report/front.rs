@@ -13,6 +13,7 @@ use crate::cost::speed::{SpeedClass, BASELINE};
 use crate::precision_class::PrecisionClass;
 use crate::runner::TrialOutcome;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// One implementation's place on the front: (backend, implementation, roofline over its
@@ -177,6 +178,8 @@ fn svg(front: &Front, pts: &[Point]) -> Option<String> {
         x_labels: 45,
         y_labels: 60,
     };
+    // The plotting area's width: the frame less its margins and the y labels.
+    let plot_width = (frame.size.0 - 2 * frame.margin - frame.y_labels) as f64;
     let title = format!("Time–memory front, class {}, at {short}", front.class.0);
     let x_label = format!("roofline / {}'s roofline", front.baseline);
     chart::svg(
@@ -204,12 +207,17 @@ fn svg(front: &Front, pts: &[Point]) -> Option<String> {
                 let mine: Vec<&Point> = pts.iter().filter(|p| p.0 == *b).collect();
                 chart
                     .draw_series(mine.iter().map(|p| {
+                        // Above its point, on the side where it fits inside the plot.
+                        let (offset, h) = label_side(p.2 / xmax, &p.1, plot_width);
                         EmptyElement::at((p.2, p.3))
                             + Circle::new((0, 0), 5, color.filled())
                             + Text::new(
                                 p.1.clone(),
-                                (7, -4),
-                                ("sans-serif", 11).into_font().color(&color),
+                                (offset, -3),
+                                ("sans-serif", 11)
+                                    .into_font()
+                                    .color(&color)
+                                    .pos(Pos::new(h, VPos::Bottom)),
                             )
                     }))
                     .ok()?
@@ -219,6 +227,18 @@ fn svg(front: &Front, pts: &[Point]) -> Option<String> {
             Some(())
         },
     )
+}
+
+/// Where a point's label goes: right of the point, or left of it where the label
+/// (about 6.2 px a character of the 11 px font) would pass the plot's right edge; `at` is
+/// the point's x as a fraction of the axis.
+fn label_side(at: f64, label: &str, plot_width: f64) -> (i32, HPos) {
+    let width = 6.2 * label.chars().count() as f64;
+    if at * plot_width + 7.0 + width > plot_width - 4.0 {
+        (-7, HPos::Right)
+    } else {
+        (7, HPos::Left)
+    }
 }
 
 #[cfg(test)]
@@ -263,6 +283,26 @@ mod tests {
             baseline: baseline.into(),
         });
         o
+    }
+
+    /// A label whose point sits at the right end of the axis is drawn leftwards, the
+    /// others rightwards: none passes the plot's edge.
+    #[test]
+    fn a_label_at_the_right_edge_goes_left_of_its_point() {
+        let tpu = "libtpu 0.0.42.1 v6e:2x2";
+        let long = "pallas_fused@512x512-x3dlm-fwddh-dma";
+        let rows = [
+            row("tpu-aot-v6e-2x2", BASELINE, SEED, 0.040, 669, tpu),
+            row("tpu-aot-v6e-2x2", long, SEED, 0.160, 100, tpu),
+        ];
+        let html = section(&rows.iter().collect::<Vec<_>>()).expect("a front");
+        let anchor = |name: &str| {
+            let at = html.find(&format!("\n{name}\n</text>")).unwrap_or_else(|| panic!("no label {name}"));
+            let open = html[..at].rfind("<text").unwrap();
+            html[open..at].contains(r#"text-anchor="end""#)
+        };
+        assert!(anchor(long), "the rightmost label is cut at the edge");
+        assert!(!anchor(BASELINE));
     }
 
     #[test]

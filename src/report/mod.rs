@@ -94,6 +94,7 @@ fn scatter(
     let legend = series
         .iter()
         .map(|s| s.name.chars().count())
+        .chain(hlines.iter().map(|(_, l)| l.chars().count()))
         .max()
         .unwrap_or(0) as f64
         * 6.5
@@ -202,21 +203,22 @@ fn scatter(
         t + (h - t - b) / 2.0,
         esc(ylabel)
     );
-    // One line per budget; labels that would overlap step down below the previous one.
-    let mut last_label_y = f64::MIN;
+    // One dashed line per budget, its value tagged at the line's right end inside the
+    // plot (the tag of a line too close to the one above steps left, not onto it); its
+    // full label is in the legend.
     let mut lines: Vec<&(f64, String)> = hlines.iter().collect();
     lines.sort_by(|a, b| b.0.total_cmp(&a.0));
-    for (v, label) in lines {
+    let (mut above, mut shift) = (f64::MIN, 0.0);
+    for (v, _) in &lines {
         let y = sy(ty(*v));
-        let ly = (y - 4.0).max(last_label_y + 13.0).max(t + 11.0);
-        last_label_y = ly;
+        shift = if y - above < 12.0 { shift + 48.0 } else { 0.0 };
+        above = y;
         let _ = write!(
             svg,
-            r##"<line x1="{l}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#d62728" stroke-dasharray="5,4"/><text x="{:.1}" y="{:.1}" fill="#d62728">{}</text>"##,
+            r##"<line x1="{l}" x2="{:.1}" y1="{y:.1}" y2="{y:.1}" stroke="#d62728" stroke-dasharray="5,4"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#d62728">{v}×</text>"##,
             w - r,
-            l + 4.0,
-            ly,
-            esc(label)
+            w - r - 4.0 - shift,
+            y - 3.0,
         );
     }
     for (k, s) in series.iter().enumerate() {
@@ -243,6 +245,19 @@ fn scatter(
             w - r + 20.0,
             ly,
             esc(&s.name)
+        );
+    }
+    for (j, (_, label)) in lines.iter().rev().enumerate() {
+        let ly = t + 12.0 + 14.0 * (series.len() + j) as f64;
+        let _ = write!(
+            svg,
+            r##"<line x1="{:.1}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="#d62728" stroke-dasharray="4,3"/><text x="{:.1}" y="{ly:.1}">{}</text>"##,
+            w - r + 6.0,
+            w - r + 18.0,
+            ly - 4.0,
+            ly - 4.0,
+            w - r + 20.0,
+            esc(label)
         );
     }
     svg.push_str("</svg>");
@@ -500,10 +515,7 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         .iter()
         .map(|&(r, slack)| {
             let label = if slack > 0 {
-                format!(
-                    "budget {r}× (+{} fixed: small floors sit above the line and pass)",
-                    crate::runner::human_bytes(slack)
-                )
+                format!("budget {r}× + {}", crate::runner::human_bytes(slack))
             } else {
                 format!("budget {r}×")
             };
@@ -519,6 +531,12 @@ pub fn write(run_path: &Path, baseline: Option<&Path>, out: &Path) -> Result<Wri
         YAxis::Linear,
         &budget_lines,
     );
+    // A budget with fixed bytes: its line is the multiple alone.
+    let mem_svg = if mem_svg.starts_with("<svg") && budgets.iter().any(|b| b.1 > 0) {
+        mem_svg + "<p class=\"note\">A budget's line is its multiple of the floor; a budget with fixed bytes (\"+ …\" in the legend) allows them on top, so a small floor sits above its line and passes.</p>"
+    } else {
+        mem_svg
+    };
     let margin_svg = scatter(
         "Each output's norm-wise error as a fraction of its gate's bound (1 = on the bound)",
         "‖out − ref‖ / bound",
@@ -847,10 +865,23 @@ mod tests {
             &[Series { name: long.into(), points: vec![(1.0, 1.0), (2.0, 1.2)] }],
             true,
             YAxis::Linear,
-            &[(1.05, "budget 1.05×".into()), (3.0, "budget 3×".into())],
+            &[(1.05, "budget 1.05×".into()), (1.1, "budget 1.1×".into()), (3.0, "budget 3×".into())],
         );
         assert!(s.contains(">budget 1.05×<") && s.contains(">budget 3×<"), "{s}");
-        assert_eq!(s.matches("stroke-dasharray").count(), 2);
+        assert_eq!(s.matches(r#"stroke-dasharray="5,4""#).count(), 3, "a line per budget");
+        // Each line's tag; the two close ones side by side, not on top of each other.
+        let tag = |v: &str| {
+            let i = s.find(&format!(">{v}×<")).unwrap_or_else(|| panic!("no tag {v}× in {s}"));
+            let open = s[..i].rfind("<text ").unwrap();
+            let num = |k: &str| -> f64 {
+                let a = s[open..i].find(&format!(" {k}=\"")).unwrap() + k.len() + 3;
+                s[open + a..].split('"').next().unwrap().parse().unwrap()
+            };
+            (num("x"), num("y"))
+        };
+        let (a, b, c) = (tag("1.05"), tag("1.1"), tag("3"));
+        assert!(c.1 < b.1 && b.1 < a.1, "tags at their lines");
+        assert!((a.0 - b.0).abs() >= 40.0 || (a.1 - b.1).abs() >= 12.0, "tags overlap: {a:?} {b:?}");
         let (w, labels) = width_and_legend(&s);
         let (x, text) = labels.iter().find(|(_, t)| t == long).expect("the legend label");
         // 6.5 px per character bounds the 11 px sans-serif text's width.
