@@ -7,17 +7,10 @@
 
 #![cfg(feature = "pjrt")]
 
+mod common;
+use common::suite;
 use grpo_conformance::compare;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn suite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_grpo-suite"))
-        .env_remove("GRPO_REQUIRE_BACKENDS")
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 /// One run's records: the timed reference trials in a process of their own (libtpu's
 /// thread pools, once loaded, add noise to timings on a 2-core machine), then

@@ -3,6 +3,8 @@
 //! (tests/data/read_dashboards.py: the W&B SDK's transaction-log reader, tbparse), and
 //! compared with the records' own values, computed here from the JSON lines.
 
+mod common;
+use common::suite;
 use grpo_conformance::repo_root;
 use serde_json::Value;
 use std::process::Command;
@@ -11,14 +13,6 @@ fn python() -> std::path::PathBuf {
     let p = repo_root().join(".venvs/dashboards/bin/python");
     assert!(p.is_file(), "{} is missing: run scripts/setup_dashboards.sh (command 2 does)", p.display());
     p
-}
-
-fn suite(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_grpo-suite"))
-        .env_remove("GRPO_REQUIRE_BACKENDS")
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 fn close(a: f64, b: f64, rel: f64) -> bool {

@@ -1,15 +1,8 @@
 //! `grpo-suite report`: one self-contained HTML page (inline SVG, no script, nothing to
 //! fetch) and a Markdown summary, from a run's records, with the baseline comparison.
 
-use std::process::{Command, Output};
-
-fn suite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_grpo-suite"))
-        .env_remove("GRPO_REQUIRE_BACKENDS")
-        .args(args)
-        .output()
-        .unwrap()
-}
+mod common;
+use common::suite;
 
 #[test]
 fn report_is_self_contained_and_puts_failures_first() {

@@ -5,21 +5,11 @@
 //! unknown one and an invalid case id are refused in one line; `run --case` runs a case
 //! outside the matrix.
 
+mod common;
+use common::{suite, text};
 use grpo_conformance::cases::parse_id;
 use grpo_conformance::repo_root;
 use std::process::{Command, Output};
-
-fn suite(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_grpo-suite"))
-        .env_remove("GRPO_REQUIRE_BACKENDS")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
 
 /// The `from:` and `to:` case ids of a shrink's summary.
 fn from_to(o: &Output) -> (String, String) {
