@@ -13,7 +13,7 @@ use super::{
     POLICY_MARGIN_LOGITS, SPIKE,
 };
 use crate::cases::{Case, DataProfile, MaskPattern};
-use crate::oracle::{row, TokenStats, DEFAULT_CHUNK};
+use crate::oracle::row::{self, TokenStats, DEFAULT_CHUNK};
 use rayon::prelude::*;
 
 /// Writes every element of the [B,T,V] logits of `case` into `out` (whatever it held)

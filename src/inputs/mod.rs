@@ -15,7 +15,7 @@ mod tensors;
 pub use tensors::{HostData, NamedTensor};
 
 use crate::cases::{AdvPattern, Case, DataProfile, MaskPattern};
-use crate::oracle;
+use crate::oracle::row::TokenStats;
 use crate::spec::{DType, IsLevel, Level};
 use rayon::prelude::*;
 use rng::Stream;
@@ -255,65 +255,38 @@ pub(crate) fn advantages_of(case: &Case) -> Vec<f32> {
     adv
 }
 
-impl Inputs {
-    /// Generates every input of `case`. Uses the oracle's forward pass to place old_logp
-    /// and ref_logp relative to the true logp (so ratios sit where the profile wants them).
-    pub fn generate(case: &Case) -> Inputs {
-        Self::build(case, NormalPath::Fast, true).0
-    }
+/// The oracle's forward pass over finished inputs (`oracle::forward` at its default
+/// chunk), handed to [`Inputs::build`] by the generators that place old_logp and ref_logp
+/// from each token's true logp (src/oracle/generate.rs): inputs do not name the oracle.
+pub(crate) type Forward = fn(&Case, &Inputs) -> TokenStats;
 
+impl Inputs {
     /// The case's inputs for timing only (`grpo-suite bench`): the same tensors, except
     /// that at the fused level old_logp and ref_logp are placed around the uniform
     /// distribution's logp, −ln V, instead of each token's true logp: that would take the
     /// oracle's forward pass, a product of hours at the seeds' fused shape on a small CPU.
     /// Never for judging: the ratios then sit anywhere, not where the profile wants them.
     pub fn generate_for_timing(case: &Case) -> Inputs {
-        Self::build(case, NormalPath::Fast, false).0
-    }
-
-    /// [`Inputs::generate`], and the forward statistics of the inputs it computed on the
-    /// way: equal to `oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK)`, so
-    /// `Oracle::with_stats` can use them instead of a second forward pass.
-    pub fn generate_with_stats(case: &Case) -> (Inputs, oracle::TokenStats) {
-        let (inputs, stats, _) = Self::generate_for_oracle(case);
-        (inputs, stats)
+        Self::build(case, NormalPath::Fast, None).0
     }
 
     /// Every input but old_logp and ref_logp, which are placed around −ln V (as
     /// [`Inputs::generate_for_timing`]) until [`placed_old_ref`] places each row from its
     /// true logp: the oracle's one-pass path ([`crate::oracle::Oracle::one_pass`]).
     pub(crate) fn generate_before_forward(case: &Case) -> Inputs {
-        Self::build(case, NormalPath::Fast, false).0
+        Self::build(case, NormalPath::Fast, None).0
     }
 
-    /// [`Inputs::generate_with_stats`], and the seconds its separate forward pass took
-    /// (fused level; `None` at the logits level, whose statistics come with the rows).
-    pub fn generate_for_oracle(case: &Case) -> (Inputs, oracle::TokenStats, Option<f64>) {
-        let (inputs, stats, _, forward_s) = Self::build(case, NormalPath::Fast, true);
-        let stats = stats.expect("placed by the oracle's forward pass");
-        (inputs, stats, forward_s)
-    }
-
-    /// [`Inputs::generate`] with the normal deviates of the differentiable input computed
-    /// by `path` (the same bits either way), and what it took.
-    pub fn generate_with(case: &Case, path: NormalPath) -> (Inputs, GenerationCounts) {
-        let (inputs, _, counts, _) = Self::build(case, path, true);
-        (inputs, counts)
-    }
-
-    /// The inputs; `by_oracle`: old_logp and ref_logp placed relative to each token's true
-    /// logp (the forward statistics come back), else around −ln V (timing only). Last:
-    /// the seconds of a forward pass made apart from the rows (fused level).
-    fn build(
+    /// The inputs; with `forward` (the oracle's forward pass, [`Forward`]): old_logp and
+    /// ref_logp placed relative to each token's true logp (the forward statistics come
+    /// back), else around −ln V (timing only). Last: the seconds of a forward pass made
+    /// apart from the rows (fused level). The logits level has its statistics with its
+    /// rows and needs no `forward`.
+    pub(crate) fn build(
         case: &Case,
         path: NormalPath,
-        by_oracle: bool,
-    ) -> (
-        Inputs,
-        Option<oracle::TokenStats>,
-        GenerationCounts,
-        Option<f64>,
-    ) {
+        forward: Option<Forward>,
+    ) -> (Inputs, Option<TokenStats>, GenerationCounts, Option<f64>) {
         let s = case.shape;
         let rows = s.rows();
         let id = case.data_id();
@@ -384,9 +357,9 @@ impl Inputs {
         let mut forward_s = None;
         let stats = match stats {
             Some(st) => Some(st),
-            None if by_oracle => {
+            None if forward.is_some() => {
                 let t0 = std::time::Instant::now();
-                let st = oracle::forward(case, &inputs, oracle::DEFAULT_CHUNK);
+                let st = forward.expect("checked")(case, &inputs);
                 forward_s = Some(t0.elapsed().as_secs_f64());
                 Some(st)
             }
@@ -651,11 +624,8 @@ mod tests {
         );
     }
 
-    /// The statistics `generate_with_stats` hands on (to `Prepared`, instead of a second
-    /// forward pass) are the oracle's forward pass on the finished inputs, bit for bit: at
-    /// the logits level (computed row by row during generation, after the spike and the
-    /// hostile bump) for every profile, in each dtype, at a temperature other than 1, and
-    /// at the fused level (the forward pass after generation).
+    /// Inputs for timing are the case's inputs but for old_logp and ref_logp, at the
+    /// fused level only.
     #[test]
     fn timing_inputs_differ_from_the_cases_only_in_old_and_ref_logp_at_the_fused_level() {
         let fused = parse_fixed("level: fused, b: 2, t: 8, h: 32, v: 2049, dtype: bf16").unwrap();
@@ -680,39 +650,5 @@ mod tests {
             (a.logits, a.old_logp, a.ref_logp),
             (b.logits, b.old_logp, b.ref_logp)
         );
-    }
-
-    #[test]
-    fn generation_stats_are_the_oracle_forward() {
-        let cases = [
-            "b: 2, t: 16, v: 3000, mask: random_hostile, profile: spike",
-            "b: 2, t: 16, v: 3000, mask: random_hostile, profile: spike, dtype: bf16, temperature: 0.7",
-            "b: 3, t: 8, v: 2049, mask: right_pad_neginf, profile: large, dtype: f16, temperature: 1.3",
-            "b: 1, t: 8, v: 4097, profile: zeros",
-            "b: 1, t: 8, v: 5000, profile: normal0.01, mask: left_pad",
-            "level: fused, b: 2, t: 8, h: 32, v: 2049, dtype: bf16",
-        ];
-        for fixed in cases {
-            let c = parse_fixed(fixed).unwrap();
-            let (x, st) = Inputs::generate_with_stats(&c);
-            let (_, exact, _, _) = Inputs::build(&c, NormalPath::Exact, true);
-            let exact = exact.unwrap();
-            let want = oracle::forward(&c, &x, oracle::DEFAULT_CHUNK);
-            for got in [&st, &exact] {
-                for (a, b) in [
-                    (&got.lse, &want.lse),
-                    (&got.logp, &want.logp),
-                    (&got.entropy, &want.entropy),
-                    (&got.abs_max, &want.abs_max),
-                ] {
-                    assert!(
-                        a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
-                            && a.len() == b.len(),
-                        "{}",
-                        c.id
-                    );
-                }
-            }
-        }
     }
 }

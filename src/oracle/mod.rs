@@ -7,8 +7,10 @@
 mod fused;
 pub mod outputs;
 pub mod row;
+mod generate;
 
 pub use fused::FusedGrads;
+pub use row::{TokenStats, DEFAULT_CHUNK};
 /// Vocabulary columns per tile of the fused level's products (host memory counts).
 pub const FUSED_TILE: usize = fused::VT;
 /// Token rows per product of the fused level (host memory counts).
@@ -37,38 +39,11 @@ thread_local! {
 /// golden files store masked per-token values multiplied by 0, so no stored value moved.)
 pub const ORACLE_VERSION: u32 = 2;
 
-/// Vocabulary tile of the oracle's online logsumexp.
-pub const DEFAULT_CHUNK: usize = 2048;
 
 /// Half-width, in log-ratio, of the band around a branch edge (1−ε_low, 1+ε_high, δ) in
 /// which either branch is accepted: f32 implementations compute log r with an error of
 /// order 1e-6..1e-5, so a ratio this close to an edge may legitimately land on either side.
 pub const EDGE_BAND: f64 = 1e-4;
-
-/// Per-row forward statistics of a case.
-#[derive(Debug, Clone, Default)]
-pub struct TokenStats {
-    /// log Σ exp(s) per row.
-    pub lse: Vec<f64>,
-    /// log-probability of the chosen token per row.
-    pub logp: Vec<f64>,
-    /// Entropy per row.
-    pub entropy: Vec<f64>,
-    /// max |s| per row.
-    pub abs_max: Vec<f64>,
-}
-
-impl TokenStats {
-    /// The statistics of every row, in row order, from each row's [`row::RowStats`].
-    pub fn from_rows(rows: &[row::RowStats]) -> TokenStats {
-        TokenStats {
-            lse: rows.iter().map(|s| s.lse).collect(),
-            logp: rows.iter().map(|s| s.logp).collect(),
-            entropy: rows.iter().map(|s| s.entropy).collect(),
-            abs_max: rows.iter().map(|s| s.abs_max).collect(),
-        }
-    }
-}
 
 /// Fills `buf` with the f64 logits row `r` of a fused case (hidden[r] @ lm_head), rounded
 /// as the `logits_dtype` knob says.

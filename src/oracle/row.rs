@@ -465,7 +465,7 @@ impl Online {
 }
 
 /// Feeds one tile of a row's f64 logits to its running state (dispatched like
-/// [`forward`]): a row's tiles fed in order, each [`super::DEFAULT_CHUNK`] long but the
+/// [`forward`]): a row's tiles fed in order, each [`DEFAULT_CHUNK`] long but the
 /// last, give bit for bit what [`forward`] gives for the whole row.
 pub(crate) fn forward_tile(st: &mut Online, tile: &[f64], inv_tau: f64) {
     #[cfg(target_arch = "x86_64")]
@@ -619,6 +619,34 @@ fn gradient_impl<T: Copy + Into<f64>>(
                 c * (onehot - p),
                 c.abs() * (onehot + p * (s.abs() + lse.abs() + 1.0)),
             );
+        }
+    }
+}
+
+/// Vocabulary tile of the oracle's online logsumexp.
+pub const DEFAULT_CHUNK: usize = 2048;
+
+/// Per-row forward statistics of a case.
+#[derive(Debug, Clone, Default)]
+pub struct TokenStats {
+    /// log Σ exp(s) per row.
+    pub lse: Vec<f64>,
+    /// log-probability of the chosen token per row.
+    pub logp: Vec<f64>,
+    /// Entropy per row.
+    pub entropy: Vec<f64>,
+    /// max |s| per row.
+    pub abs_max: Vec<f64>,
+}
+
+impl TokenStats {
+    /// The statistics of every row, in row order, from each row's [`RowStats`].
+    pub fn from_rows(rows: &[RowStats]) -> TokenStats {
+        TokenStats {
+            lse: rows.iter().map(|s| s.lse).collect(),
+            logp: rows.iter().map(|s| s.logp).collect(),
+            entropy: rows.iter().map(|s| s.entropy).collect(),
+            abs_max: rows.iter().map(|s| s.abs_max).collect(),
         }
     }
 }
