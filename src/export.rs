@@ -109,7 +109,11 @@ pub fn payload(lines: &[Value], outcomes: &[TrialOutcome]) -> Payload {
     }
     let mut exporters: Vec<Value> = Vec::new();
     for o in outcomes {
-        if let Some(e) = o.exporter.as_ref().and_then(|e| serde_json::to_value(e).ok()) {
+        if let Some(e) = o
+            .exporter
+            .as_ref()
+            .and_then(|e| serde_json::to_value(e).ok())
+        {
             if !exporters.contains(&e) {
                 exporters.push(e);
             }
@@ -120,7 +124,16 @@ pub fn payload(lines: &[Value], outcomes: &[TrialOutcome]) -> Payload {
     }
     let config = config
         .into_iter()
-        .map(|(k, mut v)| (k, if v.len() == 1 { v.remove(0) } else { Value::Array(v) }))
+        .map(|(k, mut v)| {
+            (
+                k,
+                if v.len() == 1 {
+                    v.remove(0)
+                } else {
+                    Value::Array(v)
+                },
+            )
+        })
         .collect();
     Payload {
         config,

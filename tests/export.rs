@@ -11,7 +11,11 @@ use std::process::Command;
 
 fn python() -> std::path::PathBuf {
     let p = repo_root().join(".venvs/dashboards/bin/python");
-    assert!(p.is_file(), "{} is missing: run scripts/setup_dashboards.sh (command 2 does)", p.display());
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/setup_dashboards.sh (command 2 does)",
+        p.display()
+    );
     p
 }
 
@@ -25,16 +29,39 @@ fn records_exported_to_wandb_and_tensorboard_read_back_with_their_values() {
     let dir = tempfile::tempdir().unwrap();
     let rec = dir.path().join("ci.jsonl");
     // torch_baseline on the ci tier: run trials and four trajectories, in seconds.
-    let o = suite(&["run", "--suite", "ci", "--config", "configs/torch.yaml", "--records", rec.to_str().unwrap()]);
+    let o = suite(&[
+        "run",
+        "--suite",
+        "ci",
+        "--config",
+        "configs/torch.yaml",
+        "--records",
+        rec.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (wb, tb) = (dir.path().join("wandb"), dir.path().join("tb"));
     let o = suite(&[
-        "export", rec.to_str().unwrap(), "--wandb", wb.to_str().unwrap(), "--tensorboard", tb.to_str().unwrap(),
-        "--name", "night-1", "--tags", "nightly,torch",
+        "export",
+        rec.to_str().unwrap(),
+        "--wandb",
+        wb.to_str().unwrap(),
+        "--tensorboard",
+        tb.to_str().unwrap(),
+        "--name",
+        "night-1",
+        "--tags",
+        "nightly,torch",
     ]);
-    let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(o.status.success(), "{said}");
-    assert!(said.contains("wandb: offline run ") && said.contains("tensorboard: "), "{said}");
+    assert!(
+        said.contains("wandb: offline run ") && said.contains("tensorboard: "),
+        "{said}"
+    );
     let r = Command::new(&py)
         .arg(repo_root().join("tests/data/read_dashboards.py"))
         .args([&wb, &tb])
@@ -65,29 +92,56 @@ fn records_exported_to_wandb_and_tensorboard_read_back_with_their_values() {
         let s = &w["summary"][name];
         assert_eq!(s["verdict"], l["verdict"], "{name}");
         if let Some(x) = worst {
-            assert!(close(s["worst_over_bound"].as_f64().unwrap(), x, 1e-12), "{name}: wandb {s} vs {x}");
+            assert!(
+                close(s["worst_over_bound"].as_f64().unwrap(), x, 1e-12),
+                "{name}: wandb {s} vs {x}"
+            );
             let tag = &t[format!("{name}/worst_over_bound")];
-            assert!(close(tag[0][1].as_f64().unwrap(), x, 1e-6), "{name}: tensorboard {tag} vs {x}");
+            assert!(
+                close(tag[0][1].as_f64().unwrap(), x, 1e-6),
+                "{name}: tensorboard {tag} vs {x}"
+            );
             figures += 1;
         }
         if let Some(points) = l["trajectory"]["points"].as_array() {
             let want: Vec<(u64, f64)> = points
                 .iter()
-                .map(|p| (p["step"].as_u64().unwrap(), p["drift_implementation"].as_f64().unwrap()))
+                .map(|p| {
+                    (
+                        p["step"].as_u64().unwrap(),
+                        p["drift_implementation"].as_f64().unwrap(),
+                    )
+                })
                 .collect();
             let tag = t[format!("{name}/drift")].as_array().unwrap();
-            assert_eq!(tag.len(), want.len(), "{name}: a step missing in tensorboard");
+            assert_eq!(
+                tag.len(),
+                want.len(),
+                "{name}: a step missing in tensorboard"
+            );
             for ((s, d), got) in want.iter().zip(tag) {
                 assert_eq!(got[0].as_u64(), Some(*s));
-                assert!(close(got[1].as_f64().unwrap(), *d, 1e-6), "{name} step {s}: {got} vs {d}");
+                assert!(
+                    close(got[1].as_f64().unwrap(), *d, 1e-6),
+                    "{name} step {s}: {got} vs {d}"
+                );
             }
             let hist: Vec<(u64, f64)> = w["history"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .filter_map(|h| Some((h[format!("{name}/step")].as_u64()?, h[format!("{name}/drift")].as_f64()?)))
+                .filter_map(|h| {
+                    Some((
+                        h[format!("{name}/step")].as_u64()?,
+                        h[format!("{name}/drift")].as_f64()?,
+                    ))
+                })
                 .collect();
-            assert_eq!(hist.len(), want.len(), "{name}: a step missing in the W&B run");
+            assert_eq!(
+                hist.len(),
+                want.len(),
+                "{name}: a step missing in the W&B run"
+            );
             for ((s, d), (hs, hd)) in want.iter().zip(&hist) {
                 assert_eq!(s, hs);
                 assert!(close(*hd, *d, 1e-12), "{name} step {s}: {hd} vs {d}");
@@ -95,7 +149,10 @@ fn records_exported_to_wandb_and_tensorboard_read_back_with_their_values() {
             steps += want.len();
         }
     }
-    assert!(figures > 100 && steps >= 40, "checked {figures} figures and {steps} steps");
+    assert!(
+        figures > 100 && steps >= 40,
+        "checked {figures} figures and {steps} steps"
+    );
 }
 
 #[test]
@@ -103,7 +160,12 @@ fn an_export_without_a_target_or_records_is_one_line() {
     let o = suite(&["export", "records/none.jsonl", "--tensorboard", "/tmp/x"]);
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2));
-    assert!(e.trim().lines().count() == 1 && e.contains("cannot read record file records/none.jsonl"), "{e}");
+    assert!(
+        e.trim().lines().count() == 1 && e.contains("cannot read record file records/none.jsonl"),
+        "{e}"
+    );
     let o = suite(&["export", "records/none.jsonl"]);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("name --wandb DIR, --tensorboard DIR or both"));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("name --wandb DIR, --tensorboard DIR or both")
+    );
 }

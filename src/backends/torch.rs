@@ -556,17 +556,28 @@ mod tests {
 
     #[test]
     fn on_cuda_the_allocator_peak_is_judged_against_arguments_plus_outputs() {
-        let a = answer(r#"{"status": "ok", "peak_bytes": 3000, "argument_bytes": 1000, "output_bytes": 500}"#);
+        let a = answer(
+            r#"{"status": "ok", "peak_bytes": 3000, "argument_bytes": 1000, "output_bytes": 500}"#,
+        );
         let m = memory_of(&a).unwrap();
         assert_eq!(m.peak_bytes, Some(3000));
         assert_eq!(m.floor_bytes, Some(1500));
         assert_eq!(m.peak_over_floor(), Some(2.0));
-        let b = crate::backends::Budget { max_peak_over_floor: 1.5, slack_bytes: 0 };
+        let b = crate::backends::Budget {
+            max_peak_over_floor: 1.5,
+            slack_bytes: 0,
+        };
         let r = crate::judge::memory::BudgetReport::judge(b, Some(&m)).unwrap();
         assert!(!r.passed, "{}", r.message);
-        assert!(r.message.contains("torch.cuda.max_memory_allocated"), "{}", r.message);
+        assert!(
+            r.message.contains("torch.cuda.max_memory_allocated"),
+            "{}",
+            r.message
+        );
         // On cpu the worker reports no peak: no memory figures, never a made-up one.
-        let cpu = answer(r#"{"status": "ok", "peak_bytes": null, "argument_bytes": 1000, "output_bytes": 500}"#);
+        let cpu = answer(
+            r#"{"status": "ok", "peak_bytes": null, "argument_bytes": 1000, "output_bytes": 500}"#,
+        );
         assert!(memory_of(&cpu).is_none());
     }
 
@@ -578,7 +589,9 @@ mod tests {
     #[test]
     fn a_memory_budget_is_refused_on_cpu_and_taken_on_cuda() {
         let entry = "implementations: [{id: torch_baseline, max_peak_over_floor: 2}]";
-        let e = section(&format!("device: cpu\n{entry}")).unwrap_err().to_string();
+        let e = section(&format!("device: cpu\n{entry}"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("t.yaml: backend `torch`, implementation `torch_baseline`: max_peak_over_floor is judged on `device: cuda` only"), "{e}");
         section(&format!("device: cuda\n{entry}")).unwrap();
     }

@@ -27,7 +27,11 @@ pub fn parse_id(id: &str) -> Result<Case, String> {
     let mut kv = |k: &str, v: &str| fixed.push(format!("{k}: {v}"));
     match segs[0] {
         "logits" | "fused" => kv("level", segs[0]),
-        l => return Err(bad(&format!("level `{l}` (segment 1), expected logits or fused"))),
+        l => {
+            return Err(bad(&format!(
+                "level `{l}` (segment 1), expected logits or fused"
+            )))
+        }
     }
     match segs[1].strip_suffix("-inputlogits") {
         Some(d) => {
@@ -38,7 +42,9 @@ pub fn parse_id(id: &str) -> Result<Case, String> {
     }
     let dtype = segs[1].strip_suffix("-inputlogits").unwrap_or(segs[1]);
     if !["f32", "bf16", "f16"].contains(&dtype) {
-        return Err(bad(&format!("dtype `{dtype}` (segment 2), expected f32, bf16 or f16")));
+        return Err(bad(&format!(
+            "dtype `{dtype}` (segment 2), expected f32, bf16 or f16"
+        )));
     }
     let loss_type = segs[3].split('-').next().unwrap_or_default();
     if !["grpo", "bnpo", "dr_grpo"].contains(&loss_type) {
@@ -80,10 +86,7 @@ pub fn parse_id(id: &str) -> Result<Case, String> {
             }
         }
     }
-    match segs[4]
-        .strip_prefix("eps")
-        .and_then(|e| e.split_once('-'))
-    {
+    match segs[4].strip_prefix("eps").and_then(|e| e.split_once('-')) {
         Some((lo, hi)) => {
             kv("epsilon_low", lo);
             kv("epsilon_high", hi);
@@ -118,17 +121,22 @@ pub fn parse_id(id: &str) -> Result<Case, String> {
     let named = |seg: usize, what: &str, r: Result<(), String>| {
         r.map_err(|e| bad(&format!("{e} (segment {seg}, {what})")))
     };
-    named(7, "profile", super::DataProfile::from_str(data[0]).map(drop))?;
+    named(
+        7,
+        "profile",
+        super::DataProfile::from_str(data[0]).map(drop),
+    )?;
     named(7, "mask", super::MaskPattern::from_str(data[1]).map(drop))?;
-    named(7, "advantages", super::AdvPattern::from_str(data[2]).map(drop))?;
+    named(
+        7,
+        "advantages",
+        super::AdvPattern::from_str(data[2]).map(drop),
+    )?;
     kv("profile", data[0]);
     kv("mask", data[1]);
     kv("advantages", data[2]);
     if let Some(d) = segs.get(7) {
-        match d
-            .strip_prefix('d')
-            .and_then(|d| d.split_once('-'))
-        {
+        match d.strip_prefix('d').and_then(|d| d.split_once('-')) {
             Some((n, sh)) => {
                 named(8, "sharding", super::Sharding::from_str(sh).map(drop))?;
                 kv("devices", n);
@@ -167,9 +175,19 @@ mod tests {
         for c in &m.cases {
             let p = parse_id(&c.id).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(p.id, c.id);
-            assert_eq!((p.level, p.shape, p.dtype), (c.level, c.shape, c.dtype), "{}", c.id);
+            assert_eq!(
+                (p.level, p.shape, p.dtype),
+                (c.level, c.shape, c.dtype),
+                "{}",
+                c.id
+            );
             assert_eq!(p.knobs, c.knobs, "{}", c.id);
-            assert_eq!((p.profile, p.mask, p.advantages), (c.profile, c.mask, c.advantages), "{}", c.id);
+            assert_eq!(
+                (p.profile, p.mask, p.advantages),
+                (c.profile, c.mask, c.advantages),
+                "{}",
+                c.id
+            );
             assert_eq!((p.devices, p.sharding), (c.devices, c.sharding), "{}", c.id);
         }
     }
@@ -177,15 +195,32 @@ mod tests {
     #[test]
     fn a_bad_id_is_one_line_naming_the_part() {
         let e = |id: &str| parse_id(id).unwrap_err();
-        assert!(e("logits/f32/b2_t8_v0/grpo/eps0.2-0.2/beta0/normal1-random-mixed").contains("case id `logits/f32/b2_t8_v0/"));
-        assert!(e("logits/f32/b2_x8_v9/grpo/eps0.2-0.2/beta0/normal1-random-mixed").contains("`x8` is not b<N>"));
-        assert!(e("logits/f32/b2_t8_v9/grpo/eps0.2-0.2/tau1_beta0/normal1-random-mixed").contains("segment 6"));
-        assert!(e("logits/f32/b2_t8_v9/grpo/eps0.2-0.2/beta0/normal1-random").contains("segment 7"));
-        assert!(e("logits/f32/b2_t8_v9/grpo/eps0.2-0.2/beta0/nosuch-random-mixed").contains("unknown profile `nosuch`"));
+        assert!(
+            e("logits/f32/b2_t8_v0/grpo/eps0.2-0.2/beta0/normal1-random-mixed")
+                .contains("case id `logits/f32/b2_t8_v0/")
+        );
+        assert!(
+            e("logits/f32/b2_x8_v9/grpo/eps0.2-0.2/beta0/normal1-random-mixed")
+                .contains("`x8` is not b<N>")
+        );
+        assert!(
+            e("logits/f32/b2_t8_v9/grpo/eps0.2-0.2/tau1_beta0/normal1-random-mixed")
+                .contains("segment 6")
+        );
+        assert!(
+            e("logits/f32/b2_t8_v9/grpo/eps0.2-0.2/beta0/normal1-random").contains("segment 7")
+        );
+        assert!(
+            e("logits/f32/b2_t8_v9/grpo/eps0.2-0.2/beta0/nosuch-random-mixed")
+                .contains("unknown profile `nosuch`")
+        );
         // tau1 is the default: the suite writes no _tau1.
         assert!(e("logits/f32/b2_t8_v9/grpo/eps0.2-0.2/beta0_tau1/normal1-random-mixed")
             .contains("the case it describes is `logits/f32/b2_t8_v9/grpo/eps0.2-0.2/beta0/normal1-random-mixed`"));
-        for id in ["a/b", "logits/f32/b2_t8_v9/grpo/eps0.2-0.2/beta0/normal1-random-mixed/x"] {
+        for id in [
+            "a/b",
+            "logits/f32/b2_t8_v9/grpo/eps0.2-0.2/beta0/normal1-random-mixed/x",
+        ] {
             assert!(!e(id).contains('\n'), "{}", e(id));
         }
     }

@@ -43,7 +43,10 @@ pub fn run(args: ExportArgs) -> Result<()> {
         .with_context(|| format!("cannot read record file {}", args.records.display()))?;
     let back = grpo_conformance::records::read(&args.records)?;
     if back.outcomes.is_empty() {
-        bail!("{}: no trial records: nothing to export", args.records.display());
+        bail!(
+            "{}: no trial records: nothing to export",
+            args.records.display()
+        );
     }
     let lines: Vec<serde_json::Value> = text
         .lines()
@@ -90,7 +93,9 @@ pub fn run(args: ExportArgs) -> Result<()> {
         bail!(
             "the dashboard writers failed (exit {}): {}",
             out.status.code().unwrap_or(-1),
-            err.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("no message")
+            err.lines()
+                .rfind(|l| !l.trim().is_empty())
+                .unwrap_or("no message")
         );
     }
     Ok(())

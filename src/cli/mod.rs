@@ -2,12 +2,12 @@
 
 mod bench_cmd;
 mod cost_cmd;
-mod golden_cmd;
 mod export_cmd;
+mod golden_cmd;
 mod inputs_cmd;
-mod shrink_cmd;
 mod numbers;
 mod run_cmd;
+mod shrink_cmd;
 mod sweep_cmd;
 mod table;
 
@@ -258,14 +258,15 @@ pub fn dispatch(cli: Cli) -> Result<()> {
     let (matrix, golden) = load_matrix(&sources)?;
     match cli.command {
         Command::Cases {
-            json,
-            id: Some(id),
-            ..
+            json, id: Some(id), ..
         } => {
             let (case, place) = match matrix.get(&id) {
                 Some(c) => {
                     let suites: Vec<&str> = c.suites.iter().map(|s| s.name()).collect();
-                    (c.clone(), format!("in the matrix (suites {}; {})", suites.join(", "), c.origin))
+                    (
+                        c.clone(),
+                        format!("in the matrix (suites {}; {})", suites.join(", "), c.origin),
+                    )
                 }
                 None => (
                     grpo_conformance::cases::parse_id(&id).map_err(|e| anyhow::anyhow!(e))?,

@@ -30,7 +30,8 @@ impl Inputs {
     /// [`Inputs::generate_with_stats`], and the seconds its separate forward pass took
     /// (fused level; `None` at the logits level, whose statistics come with the rows).
     pub fn generate_for_oracle(case: &Case) -> (Inputs, TokenStats, Option<f64>) {
-        let (inputs, stats, _, forward_s) = Self::build(case, NormalPath::Fast, Some(oracle_forward));
+        let (inputs, stats, _, forward_s) =
+            Self::build(case, NormalPath::Fast, Some(oracle_forward));
         let stats = stats.expect("placed by the oracle's forward pass");
         (inputs, stats, forward_s)
     }

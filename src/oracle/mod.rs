@@ -5,9 +5,9 @@
 //! so the gates can compare an implementation's dlogits against it at full shapes.
 
 mod fused;
+mod generate;
 pub mod outputs;
 pub mod row;
-mod generate;
 
 pub use fused::FusedGrads;
 pub use row::{TokenStats, DEFAULT_CHUNK};
@@ -38,7 +38,6 @@ thread_local! {
 /// token's terms use its own logp for old_logp and ref_logp since the hostile-mask cases;
 /// golden files store masked per-token values multiplied by 0, so no stored value moved.)
 pub const ORACLE_VERSION: u32 = 2;
-
 
 /// Half-width, in log-ratio, of the band around a branch edge (1−ε_low, 1+ε_high, δ) in
 /// which either branch is accepted: f32 implementations compute log r with an error of

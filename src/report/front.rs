@@ -297,7 +297,9 @@ mod tests {
         ];
         let html = section(&rows.iter().collect::<Vec<_>>()).expect("a front");
         let anchor = |name: &str| {
-            let at = html.find(&format!("\n{name}\n</text>")).unwrap_or_else(|| panic!("no label {name}"));
+            let at = html
+                .find(&format!("\n{name}\n</text>"))
+                .unwrap_or_else(|| panic!("no label {name}"));
             let open = html[..at].rfind("<text").unwrap();
             html[open..at].contains(r#"text-anchor="end""#)
         };

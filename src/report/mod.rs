@@ -847,31 +847,74 @@ mod tests {
         let labels = s
             .split("<text ")
             .skip(1)
-            .filter(|t| !t.contains("text-anchor") && !t.contains("font-weight") && !t.contains("fill="))
-            .map(|t| (num("x", t), t.split('>').nth(1).unwrap().split('<').next().unwrap().to_string()))
+            .filter(|t| {
+                !t.contains("text-anchor") && !t.contains("font-weight") && !t.contains("fill=")
+            })
+            .map(|t| {
+                (
+                    num("x", t),
+                    t.split('>')
+                        .nth(1)
+                        .unwrap()
+                        .split('<')
+                        .next()
+                        .unwrap()
+                        .to_string(),
+                )
+            })
             .collect();
         (w, labels)
     }
 
     #[test]
     fn an_empty_plot_is_one_line_and_each_budget_has_its_line_and_labels_fit() {
-        let empty = scatter("Peak", "x", "y", &[Series { name: "a".into(), points: vec![] }], true, YAxis::Linear, &[]);
-        assert_eq!(empty, r#"<p class="nodata"><b>Peak</b>: no data in this run</p>"#);
+        let empty = scatter(
+            "Peak",
+            "x",
+            "y",
+            &[Series {
+                name: "a".into(),
+                points: vec![],
+            }],
+            true,
+            YAxis::Linear,
+            &[],
+        );
+        assert_eq!(
+            empty,
+            r#"<p class="nodata"><b>Peak</b>: no data in this run</p>"#
+        );
         let long = "tpu-aot-v6e-2x2/xla_saved_logits@8192x2048-x3dlm-and-a-longer-name";
         let s = scatter(
             "t",
             "x",
             "y",
-            &[Series { name: long.into(), points: vec![(1.0, 1.0), (2.0, 1.2)] }],
+            &[Series {
+                name: long.into(),
+                points: vec![(1.0, 1.0), (2.0, 1.2)],
+            }],
             true,
             YAxis::Linear,
-            &[(1.05, "budget 1.05×".into()), (1.1, "budget 1.1×".into()), (3.0, "budget 3×".into())],
+            &[
+                (1.05, "budget 1.05×".into()),
+                (1.1, "budget 1.1×".into()),
+                (3.0, "budget 3×".into()),
+            ],
         );
-        assert!(s.contains(">budget 1.05×<") && s.contains(">budget 3×<"), "{s}");
-        assert_eq!(s.matches(r#"stroke-dasharray="5,4""#).count(), 3, "a line per budget");
+        assert!(
+            s.contains(">budget 1.05×<") && s.contains(">budget 3×<"),
+            "{s}"
+        );
+        assert_eq!(
+            s.matches(r#"stroke-dasharray="5,4""#).count(),
+            3,
+            "a line per budget"
+        );
         // Each line's tag; the two close ones side by side, not on top of each other.
         let tag = |v: &str| {
-            let i = s.find(&format!(">{v}×<")).unwrap_or_else(|| panic!("no tag {v}× in {s}"));
+            let i = s
+                .find(&format!(">{v}×<"))
+                .unwrap_or_else(|| panic!("no tag {v}× in {s}"));
             let open = s[..i].rfind("<text ").unwrap();
             let num = |k: &str| -> f64 {
                 let a = s[open..i].find(&format!(" {k}=\"")).unwrap() + k.len() + 3;
@@ -881,10 +924,19 @@ mod tests {
         };
         let (a, b, c) = (tag("1.05"), tag("1.1"), tag("3"));
         assert!(c.1 < b.1 && b.1 < a.1, "tags at their lines");
-        assert!((a.0 - b.0).abs() >= 40.0 || (a.1 - b.1).abs() >= 12.0, "tags overlap: {a:?} {b:?}");
+        assert!(
+            (a.0 - b.0).abs() >= 40.0 || (a.1 - b.1).abs() >= 12.0,
+            "tags overlap: {a:?} {b:?}"
+        );
         let (w, labels) = width_and_legend(&s);
-        let (x, text) = labels.iter().find(|(_, t)| t == long).expect("the legend label");
+        let (x, text) = labels
+            .iter()
+            .find(|(_, t)| t == long)
+            .expect("the legend label");
         // 6.5 px per character bounds the 11 px sans-serif text's width.
-        assert!(x + 6.5 * text.chars().count() as f64 <= w, "label ends past the SVG's width {w}");
+        assert!(
+            x + 6.5 * text.chars().count() as f64 <= w,
+            "label ends past the SVG's width {w}"
+        );
     }
 }

@@ -141,22 +141,32 @@ pub fn candidates(s: &Subject, aligns: &[usize]) -> Vec<Candidate> {
     };
     let sh = c.shape;
     for v in smaller(sh.v, 2, aligns) {
-        push(Axis::V, sh.v.to_string(), v.to_string(), &|n| n.case.shape.v = v);
+        push(Axis::V, sh.v.to_string(), v.to_string(), &|n| {
+            n.case.shape.v = v
+        });
     }
     for t in smaller(sh.t, 1, &[]) {
-        push(Axis::T, sh.t.to_string(), t.to_string(), &|n| n.case.shape.t = t);
+        push(Axis::T, sh.t.to_string(), t.to_string(), &|n| {
+            n.case.shape.t = t
+        });
     }
     for b in smaller(sh.b, 1, &[]) {
-        push(Axis::B, sh.b.to_string(), b.to_string(), &|n| n.case.shape.b = b);
+        push(Axis::B, sh.b.to_string(), b.to_string(), &|n| {
+            n.case.shape.b = b
+        });
     }
     if let Some(h) = sh.h {
         for x in smaller(h, 1, &[]) {
-            push(Axis::H, h.to_string(), x.to_string(), &|n| n.case.shape.h = Some(x));
+            push(Axis::H, h.to_string(), x.to_string(), &|n| {
+                n.case.shape.h = Some(x)
+            });
         }
     }
     if let Some(st) = s.steps {
         for x in smaller(st, 1, &[]) {
-            push(Axis::Steps, st.to_string(), x.to_string(), &|n| n.steps = Some(x));
+            push(Axis::Steps, st.to_string(), x.to_string(), &|n| {
+                n.steps = Some(x)
+            });
         }
     }
     if c.devices > 1 {
@@ -169,27 +179,38 @@ pub fn candidates(s: &Subject, aligns: &[usize]) -> Vec<Candidate> {
         });
     }
     let masks: &[MaskPattern] = match c.mask {
-        MaskPattern::RandomHostile | MaskPattern::ZeroRow => &[MaskPattern::Random, MaskPattern::All],
+        MaskPattern::RandomHostile | MaskPattern::ZeroRow => {
+            &[MaskPattern::Random, MaskPattern::All]
+        }
         MaskPattern::RightPadNeginf => &[MaskPattern::RightPad, MaskPattern::All],
         MaskPattern::LeftPad | MaskPattern::RightPad | MaskPattern::Random => &[MaskPattern::All],
         MaskPattern::All => &[],
     };
     for &m in masks {
-        push(Axis::Mask, c.mask.name().into(), m.name().into(), &|n| n.case.mask = m);
+        push(Axis::Mask, c.mask.name().into(), m.name().into(), &|n| {
+            n.case.mask = m
+        });
     }
     if c.profile != DataProfile::Normal(1.0) {
-        push(Axis::Profile, c.profile.to_string(), "normal1".into(), &|n| {
-            n.case.profile = DataProfile::Normal(1.0)
-        });
+        push(
+            Axis::Profile,
+            c.profile.to_string(),
+            "normal1".into(),
+            &|n| n.case.profile = DataProfile::Normal(1.0),
+        );
     }
     if c.advantages == AdvPattern::Mixed {
         for a in [AdvPattern::Positive, AdvPattern::Negative] {
-            push(Axis::Advantages, "mixed".into(), a.name().into(), &|n| n.case.advantages = a);
+            push(Axis::Advantages, "mixed".into(), a.name().into(), &|n| {
+                n.case.advantages = a
+            });
         }
     }
     let k = c.knobs;
     if k.beta != 0.0 {
-        push(Axis::Beta, k.beta.to_string(), "0".into(), &|n| n.case.knobs.beta = 0.0);
+        push(Axis::Beta, k.beta.to_string(), "0".into(), &|n| {
+            n.case.knobs.beta = 0.0
+        });
     }
     if k.temperature != 1.0 {
         push(Axis::Tau, k.temperature.to_string(), "1".into(), &|n| {
@@ -208,7 +229,9 @@ pub fn candidates(s: &Subject, aligns: &[usize]) -> Vec<Candidate> {
         );
     }
     if let Some(d) = k.delta {
-        push(Axis::Delta, d.to_string(), "none".into(), &|n| n.case.knobs.delta = None);
+        push(Axis::Delta, d.to_string(), "none".into(), &|n| {
+            n.case.knobs.delta = None
+        });
     }
     if let Some(l) = k.max_completion_length {
         push(Axis::MaxLength, l.to_string(), "none".into(), &|n| {
@@ -217,10 +240,15 @@ pub fn candidates(s: &Subject, aligns: &[usize]) -> Vec<Candidate> {
     }
     if k.loss_type != LossType::Grpo {
         for l in [LossType::Grpo, LossType::Bnpo] {
-            push(Axis::LossType, k.loss_type.name().into(), l.name().into(), &|n| {
-                n.case.knobs.loss_type = l;
-                n.case.knobs.max_completion_length = None;
-            });
+            push(
+                Axis::LossType,
+                k.loss_type.name().into(),
+                l.name().into(),
+                &|n| {
+                    n.case.knobs.loss_type = l;
+                    n.case.knobs.max_completion_length = None;
+                },
+            );
         }
     }
     if k.importance_sampling_level == IsLevel::Sequence {
@@ -242,7 +270,10 @@ mod tests {
 
     #[test]
     fn sizes_halve_then_try_odd_and_aligned_neighbours_then_step_down() {
-        assert_eq!(smaller(4099, 2, &[128, 256]), vec![2049, 2050, 4096, 4097, 4098]);
+        assert_eq!(
+            smaller(4099, 2, &[128, 256]),
+            vec![2049, 2050, 4096, 4097, 4098]
+        );
         assert_eq!(smaller(2049, 2, &[256]), vec![1024, 1025, 2048]);
         assert_eq!(smaller(8, 1, &[]), vec![4, 5, 7]);
         assert_eq!(smaller(2, 2, &[128]), Vec::<usize>::new());
@@ -255,10 +286,25 @@ mod tests {
             "fused/bf16/b2_t8_v2049_h64/dr_grpo-L16/eps0.2-0.28/beta0.04_tau0.7/large-random_hostile-mixed",
         )
         .unwrap();
-        let s = Subject { case: c.clone(), steps: None };
+        let s = Subject {
+            case: c.clone(),
+            steps: None,
+        };
         let all = candidates(&s, &[256]);
         let axes: Vec<Axis> = all.iter().map(|x| x.axis).collect();
-        for a in [Axis::V, Axis::T, Axis::B, Axis::H, Axis::Mask, Axis::Profile, Axis::Beta, Axis::Tau, Axis::Epsilon, Axis::LossType, Axis::MaxLength] {
+        for a in [
+            Axis::V,
+            Axis::T,
+            Axis::B,
+            Axis::H,
+            Axis::Mask,
+            Axis::Profile,
+            Axis::Beta,
+            Axis::Tau,
+            Axis::Epsilon,
+            Axis::LossType,
+            Axis::MaxLength,
+        ] {
             assert!(axes.contains(&a), "{a:?} missing: {axes:?}");
         }
         for x in &all {
@@ -269,8 +315,17 @@ mod tests {
         // The first V candidate halves it.
         assert_eq!(all[0].subject.case.shape.v, 1024);
         // A minimal case has no size left to shrink.
-        let min = crate::cases::parse_id("logits/f32/b1_t1_v2/grpo/eps0.2-0.2/beta0/normal1-all-positive").unwrap();
-        let left = candidates(&Subject { case: min, steps: None }, &[128]);
+        let min = crate::cases::parse_id(
+            "logits/f32/b1_t1_v2/grpo/eps0.2-0.2/beta0/normal1-all-positive",
+        )
+        .unwrap();
+        let left = candidates(
+            &Subject {
+                case: min,
+                steps: None,
+            },
+            &[128],
+        );
         assert!(left.iter().all(|x| !x.axis.is_size()), "{left:?}");
     }
 }

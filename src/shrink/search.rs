@@ -60,9 +60,15 @@ impl Boundary {
     pub fn line(&self) -> String {
         let a = self.axis.name();
         let what = if self.axis.is_size() {
-            format!("fails at {a} = {} and passes at {a} = {}", self.fails, self.passes)
+            format!(
+                "fails at {a} = {} and passes at {a} = {}",
+                self.fails, self.passes
+            )
         } else {
-            format!("fails with {a} {} and passes with {a} {}", self.fails, self.passes)
+            format!(
+                "fails with {a} {} and passes with {a} {}",
+                self.fails, self.passes
+            )
         };
         match &self.at {
             None => format!("{what}, with everything else minimal"),
@@ -164,7 +170,10 @@ pub fn shrink(
                     let (from, v): (usize, usize) =
                         (cand.from.parse().unwrap_or(0), cand.to.parse().unwrap_or(0));
                     // The aligned neighbour: the largest multiple of an alignment below.
-                    if aligns.iter().any(|&a| a >= 2 && v > 0 && v == (from - 1) / a * a) {
+                    if aligns
+                        .iter()
+                        .any(|&a| a >= 2 && v > 0 && v == (from - 1) / a * a)
+                    {
                         aligned.retain(|b: &Boundary| b.axis != Axis::V);
                         aligned.push(Boundary {
                             axis: Axis::V,
@@ -227,14 +236,21 @@ mod tests {
     use crate::cases::parse_id;
 
     fn subject(id: &str) -> Subject {
-        Subject { case: parse_id(id).unwrap(), steps: None }
+        Subject {
+            case: parse_id(id).unwrap(),
+            steps: None,
+        }
     }
 
     /// A fake kernel: wrong when V is not a multiple of 256 and β > 0, on any shape.
     fn padding_bug(s: &Subject) -> Observation {
         let c = &s.case;
         let fails = !c.shape.v.is_multiple_of(256) && c.knobs.beta > 0.0;
-        Observation { holds: fails, passed: !fails, figure: format!("V {}", c.shape.v) }
+        Observation {
+            holds: fails,
+            passed: !fails,
+            figure: format!("V {}", c.shape.v),
+        }
     }
 
     fn run(start: &str, f: fn(&Subject) -> Observation, limits: Limits) -> Report {
@@ -243,8 +259,12 @@ mod tests {
         shrink(s, first, &[128, 256], limits, f, |_| {})
     }
 
-    const WIDE: Limits = Limits { max_trials: 10_000, max_seconds: 1e9 };
-    const START: &str = "logits/f32/b4_t16_v4099/grpo/eps0.2-0.28/beta0.04_tau0.7/large-random_hostile-mixed";
+    const WIDE: Limits = Limits {
+        max_trials: 10_000,
+        max_seconds: 1e9,
+    };
+    const START: &str =
+        "logits/f32/b4_t16_v4099/grpo/eps0.2-0.28/beta0.04_tau0.7/large-random_hostile-mixed";
 
     #[test]
     fn it_reaches_the_smallest_case_that_fails_and_states_the_condition() {
@@ -258,7 +278,12 @@ mod tests {
         assert_eq!((c.knobs.epsilon_low, c.knobs.epsilon_high), (0.2, 0.2));
         assert!(c.knobs.beta > 0.0);
         assert_eq!(c.mask.name(), "all");
-        assert!(r.boundaries.iter().any(|b| b.line() == "fails with β 0.04 and passes with β 0, with everything else minimal"), "{:?}", r.boundaries);
+        assert!(
+            r.boundaries.iter().any(|b| b.line()
+                == "fails with β 0.04 and passes with β 0, with everything else minimal"),
+            "{:?}",
+            r.boundaries
+        );
         assert!(r.stopped.is_none());
     }
 
@@ -267,14 +292,23 @@ mod tests {
     fn big_padding_bug(s: &Subject) -> Observation {
         let v = s.case.shape.v;
         let fails = !v.is_multiple_of(256) && v > 2000;
-        Observation { holds: fails, passed: !fails, figure: String::new() }
+        Observation {
+            holds: fails,
+            passed: !fails,
+            figure: String::new(),
+        }
     }
 
     #[test]
     fn an_aligned_neighbour_that_passes_is_stated() {
         let r = run(START, big_padding_bug, WIDE);
         assert_eq!(r.minimal.case.shape.v, 2049, "{}", r.minimal.case.id);
-        assert!(r.boundaries.iter().any(|b| b.line() == "fails at V = 2049 and passes at V = 2048, with everything else minimal"), "{:?}", r.boundaries);
+        assert!(
+            r.boundaries.iter().any(|b| b.line()
+                == "fails at V = 2049 and passes at V = 2048, with everything else minimal"),
+            "{:?}",
+            r.boundaries
+        );
     }
 
     #[test]
@@ -284,7 +318,14 @@ mod tests {
         assert_eq!(a.minimal, b.minimal);
         assert_eq!(a.kept, b.kept);
         assert_eq!(a.tried, b.tried);
-        let cut = run(START, padding_bug, Limits { max_trials: 3, max_seconds: 1e9 });
+        let cut = run(
+            START,
+            padding_bug,
+            Limits {
+                max_trials: 3,
+                max_seconds: 1e9,
+            },
+        );
         assert_eq!(cut.tried, 3);
         assert_eq!(cut.stopped.as_deref(), Some("--max-trials 3 reached"));
     }
@@ -293,7 +334,11 @@ mod tests {
     fn needs_size(s: &Subject) -> Observation {
         let c = &s.case;
         let fails = c.shape.rows() >= 2 && c.shape.v >= 1000;
-        Observation { holds: fails, passed: !fails, figure: String::new() }
+        Observation {
+            holds: fails,
+            passed: !fails,
+            figure: String::new(),
+        }
     }
 
     #[test]
@@ -302,6 +347,11 @@ mod tests {
         let c = &r.minimal.case;
         assert_eq!(c.shape.v, 1000, "{}", c.id);
         assert_eq!(c.shape.rows(), 2, "{}", c.id);
-        assert!(r.boundaries.iter().any(|b| b.line() == "fails at V = 1000 and passes at V = 999, with everything else minimal"), "{:?}", r.boundaries);
+        assert!(
+            r.boundaries.iter().any(|b| b.line()
+                == "fails at V = 1000 and passes at V = 999, with everything else minimal"),
+            "{:?}",
+            r.boundaries
+        );
     }
 }

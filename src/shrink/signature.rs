@@ -61,7 +61,10 @@ impl Signature {
             .filter(|g| !g.passed)
             .max_by(|a, b| rank(a).total_cmp(&rank(b)))
         {
-            return Ok(Signature::Gate { output: g.output, non_finite: g.non_finite > 0 });
+            return Ok(Signature::Gate {
+                output: g.output,
+                non_finite: g.non_finite > 0,
+            });
         }
         if o.budget.as_ref().is_some_and(|b| !b.passed) {
             return Ok(Signature::Memory);
@@ -105,7 +108,11 @@ impl Signature {
         };
         Observation {
             holds,
-            passed: if *self == Signature::Caught { !passed && !matches!(o.verdict, Verdict::Error(_)) } else { passed },
+            passed: if *self == Signature::Caught {
+                !passed && !matches!(o.verdict, Verdict::Error(_))
+            } else {
+                passed
+            },
             figure: self.figure(o),
         }
     }
@@ -114,11 +121,13 @@ impl Signature {
     pub fn figure(&self, o: &TrialOutcome) -> String {
         let v = || verdict_line(&o.verdict);
         match self {
-            Signature::Gate { output: out, .. } => match o.gates.iter().find(|g| g.output == *out) {
-                Some(g) if g.passed => format!("{out} passes (rel {:.2e})", g.norm_err),
-                Some(g) => g.message.clone(),
-                None => format!("{out}: no gate ({})", v()),
-            },
+            Signature::Gate { output: out, .. } => {
+                match o.gates.iter().find(|g| g.output == *out) {
+                    Some(g) if g.passed => format!("{out} passes (rel {:.2e})", g.norm_err),
+                    Some(g) => g.message.clone(),
+                    None => format!("{out}: no gate ({})", v()),
+                }
+            }
             Signature::Class(r) => match &o.trajectory {
                 Some(t) => format!(
                     "class reached {}, required {r}",
@@ -126,13 +135,18 @@ impl Signature {
                 ),
                 None => format!("no trajectory ({})", v()),
             },
-            Signature::Memory => o
-                .budget
-                .as_ref()
-                .map_or_else(|| format!("no memory figure ({})", v()), |b| b.message.clone()),
+            Signature::Memory => o.budget.as_ref().map_or_else(
+                || format!("no memory figure ({})", v()),
+                |b| b.message.clone(),
+            ),
             Signature::Speed => o.speed.as_ref().map_or_else(
                 || format!("no speed figure ({})", v()),
-                |s| format!("roofline {:.3}× the class baseline's, budget {}×", s.ratio, s.max_roofline_over_baseline),
+                |s| {
+                    format!(
+                        "roofline {:.3}× the class baseline's, budget {}×",
+                        s.ratio, s.max_roofline_over_baseline
+                    )
+                },
             ),
             Signature::Other(r) => format!("{r} ({})", v()),
             Signature::Error => v(),
@@ -152,8 +166,14 @@ impl Signature {
     /// One line naming it.
     pub fn describe(&self) -> String {
         match self {
-            Signature::Gate { output, non_finite: true } => format!("the {output} gate fails on non-finite values"),
-            Signature::Gate { output, non_finite: false } => format!("the {output} gate fails on finite values"),
+            Signature::Gate {
+                output,
+                non_finite: true,
+            } => format!("the {output} gate fails on non-finite values"),
+            Signature::Gate {
+                output,
+                non_finite: false,
+            } => format!("the {output} gate fails on finite values"),
             Signature::Class(r) => format!("the trajectory reaches a class below {r}"),
             Signature::Memory => "the memory budget is exceeded".into(),
             Signature::Speed => "the speed budget is exceeded".into(),
@@ -184,7 +204,10 @@ impl Signature {
     /// user's choice in place of the worst gate).
     pub fn of_output(o: &TrialOutcome, output: OutputName) -> Result<Signature, String> {
         match o.gates.iter().find(|g| g.output == output) {
-            Some(g) if !g.passed => Ok(Signature::Gate { output, non_finite: g.non_finite > 0 }),
+            Some(g) if !g.passed => Ok(Signature::Gate {
+                output,
+                non_finite: g.non_finite > 0,
+            }),
             Some(_) => Err(format!("nothing to shrink: the {output} gate passes")),
             None => Err(format!("nothing to shrink: the trial has no {output} gate")),
         }

@@ -15,5 +15,9 @@ pub fn suite(args: &[&str]) -> Output {
 
 /// Its stdout and stderr, for a failing assertion's message.
 pub fn text(o: &Output) -> String {
-    format!("{}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }

@@ -5,8 +5,8 @@ use anyhow::{bail, Result};
 use clap::Args;
 use grpo_conformance::backends::RunOptions;
 use grpo_conformance::cases::Suite;
-use grpo_conformance::config::Config;
 use grpo_conformance::cases::{parse_id, Matrix};
+use grpo_conformance::config::Config;
 use grpo_conformance::trials::{Plan, Selection, Work};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -149,7 +149,9 @@ impl RunArgs {
             return;
         }
         plan.trials.retain(|t| match &t.work {
-            Work::Run { case, .. } | Work::Trajectory { case, .. } => self.case_ids.contains(&case.id),
+            Work::Run { case, .. } | Work::Trajectory { case, .. } => {
+                self.case_ids.contains(&case.id)
+            }
             _ => false,
         });
     }

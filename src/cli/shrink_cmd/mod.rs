@@ -86,7 +86,10 @@ pub fn run(matrix: &Matrix, replace_cases: bool, args: ShrinkArgs) -> Result<()>
                 .filter(|o| {
                     matches!(
                         o.verdict,
-                        Verdict::Fail | Verdict::Error(_) | Verdict::ExpectedFail(_) | Verdict::Stale(_)
+                        Verdict::Fail
+                            | Verdict::Error(_)
+                            | Verdict::ExpectedFail(_)
+                            | Verdict::Stale(_)
                     )
                 })
                 .map(|o| o.name.clone())
@@ -141,9 +144,9 @@ fn job(plan: &mut Plan, name: &str, config_path: &std::path::Path) -> Result<Job
     };
     let unavailable = |target: &Target| match target {
         Target::Ready(_) => Ok(()),
-        Target::Unavailable { reason, .. } => {
-            Err(anyhow!("cannot shrink `{name}`: its backend is unavailable here: {reason}"))
-        }
+        Target::Unavailable { reason, .. } => Err(anyhow!(
+            "cannot shrink `{name}`: its backend is unavailable here: {reason}"
+        )),
     };
     Ok(match &t.work {
         Work::Run { target, case, .. } => {
@@ -270,12 +273,19 @@ pub(crate) fn retarget(t: &Trial, s: &Subject) -> Trial {
     let mut t = t.clone();
     let old = t.key.2.clone();
     match &mut t.work {
-        Work::Run { case: c, expected, .. } => {
+        Work::Run {
+            case: c, expected, ..
+        } => {
             *c = case;
             expected.clear();
             t.key.2 = s.case.id.clone();
         }
-        Work::Trajectory { case: c, spec, expected, .. } => {
+        Work::Trajectory {
+            case: c,
+            spec,
+            expected,
+            ..
+        } => {
             spec.steps = s.steps.unwrap_or(spec.steps);
             *c = case;
             expected.clear();
@@ -291,7 +301,11 @@ pub(crate) fn retarget(t: &Trial, s: &Subject) -> Trial {
 
 /// Runs `t` alone in `plan` (its cases: `case` and nothing else, when given), in this
 /// process. A panic is the trial's error.
-fn execute(plan: &mut Plan, t: &Trial, case: Option<&grpo_conformance::cases::Case>) -> TrialOutcome {
+fn execute(
+    plan: &mut Plan,
+    t: &Trial,
+    case: Option<&grpo_conformance::cases::Case>,
+) -> TrialOutcome {
     if let Some(c) = case {
         plan.cases = vec![Arc::new(c.clone())];
     }
@@ -310,7 +324,10 @@ fn execute(plan: &mut Plan, t: &Trial, case: Option<&grpo_conformance::cases::Ca
     if let Some((b, e)) = plan.prepare().into_iter().next() {
         return fail(format!("{b}: {e}"));
     }
-    let opts = RunOptions { warmup: 0, repeats: 1 };
+    let opts = RunOptions {
+        warmup: 0,
+        repeats: 1,
+    };
     let p: &Plan = plan;
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let cache = CaseCache::default();
@@ -391,23 +408,33 @@ fn search(
                 c.to
             )),
             Event::Kept(c, o) => {
-                say(&pb, format!(
-                    "  kept {} {} → {}: {}",
+                say(
+                    &pb,
+                    format!(
+                        "  kept {} {} → {}: {}",
+                        c.axis.name(),
+                        c.from,
+                        c.to,
+                        short(&o.figure)
+                    ),
+                );
+                smallest = format!("{} ({})", c.subject.describe(), short(&o.figure));
+            }
+            Event::Rejected(c, o) if verbose => say(
+                &pb,
+                format!(
+                    "  tried {} {} → {}: {} ({})",
                     c.axis.name(),
                     c.from,
                     c.to,
+                    if o.passed {
+                        "passes"
+                    } else {
+                        "fails otherwise"
+                    },
                     short(&o.figure)
-                ));
-                smallest = format!("{} ({})", c.subject.describe(), short(&o.figure));
-            }
-            Event::Rejected(c, o) if verbose => say(&pb, format!(
-                "  tried {} {} → {}: {} ({})",
-                c.axis.name(),
-                c.from,
-                c.to,
-                if o.passed { "passes" } else { "fails otherwise" },
-                short(&o.figure)
-            )),
+                ),
+            ),
             Event::Rejected(..) => {}
         },
     );

@@ -45,7 +45,10 @@ pub fn write(
         "`{}` fails at `{}`{}: {}",
         t.key.1,
         case.id,
-        r.minimal.steps.map(|s| format!(" ({s} steps)")).unwrap_or_default(),
+        r.minimal
+            .steps
+            .map(|s| format!(" ({s} steps)"))
+            .unwrap_or_default(),
         sig.figure(o)
     );
     let mut readme = format!(
@@ -92,7 +95,10 @@ pub fn write(
             sig.describe()
         ));
         std::fs::write(dir.join("README.md"), readme)?;
-        eprintln!("wrote the reproducer's inputs and README to {} (no script: see its README)", dir.display());
+        eprintln!(
+            "wrote the reproducer's inputs and README to {} (no script: see its README)",
+            dir.display()
+        );
         return Ok(());
     };
     let gate = o
@@ -121,10 +127,15 @@ pub fn write(
                 std::env::var_os("GRPO_TORCH_PYTHON")
                     .filter(|p| !p.is_empty())
                     .map(PathBuf::from)
-                    .unwrap_or_else(|| grpo_conformance::repo_root().join(".venvs/torch/bin/python"))
+                    .unwrap_or_else(|| {
+                        grpo_conformance::repo_root().join(".venvs/torch/bin/python")
+                    })
             }),
             vec![grpo_conformance::repo_root().join("backends/torch")],
-            format!("torch:\n    device: {}", t.key.0.trim_start_matches("torch-")),
+            format!(
+                "torch:\n    device: {}",
+                t.key.0.trim_start_matches("torch-")
+            ),
         ),
         Family::Jax => (
             json!({"family": "jax", "request": {
@@ -161,13 +172,25 @@ pub fn write(
     };
     // Absolute, symlinks kept (a venv's python is a link to its base interpreter).
     let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-    let python = if python.components().count() > 1 { absolute(&python) } else { python };
+    let python = if python.components().count() > 1 {
+        absolute(&python)
+    } else {
+        python
+    };
     let mut pythonpath: Vec<PathBuf> = entry.pythonpath.iter().map(|p| absolute(p)).collect();
     pythonpath.append(&mut path);
-    std::fs::write(dir.join("request.json"), serde_json::to_string_pretty(&request)? + "\n")?;
-    std::fs::write(dir.join("config.yaml"), config_yaml(&section, &entry, &python, &pythonpath)?)?;
+    std::fs::write(
+        dir.join("request.json"),
+        serde_json::to_string_pretty(&request)? + "\n",
+    )?;
+    std::fs::write(
+        dir.join("config.yaml"),
+        config_yaml(&section, &entry, &python, &pythonpath)?,
+    )?;
     std::fs::write(dir.join("reproduce.py"), SCRIPT)?;
-    let joined = std::env::join_paths(&pythonpath)?.to_string_lossy().into_owned();
+    let joined = std::env::join_paths(&pythonpath)?
+        .to_string_lossy()
+        .into_owned();
     let command = if joined.is_empty() {
         format!("{} reproduce.py", python.display())
     } else {
@@ -192,7 +215,14 @@ pub fn write(
     std::fs::write(dir.join("README.md"), readme)?;
     let reproduces = code == 1 && printed.contains("FAIL: the failure reproduces");
     if reproduces {
-        eprintln!("wrote the reproducer to {}: reproduce.py alone prints the failure ({})", dir.display(), printed.lines().find(|l| l.starts_with(&format!("{output}:"))).unwrap_or_default());
+        eprintln!(
+            "wrote the reproducer to {}: reproduce.py alone prints the failure ({})",
+            dir.display(),
+            printed
+                .lines()
+                .find(|l| l.starts_with(&format!("{output}:")))
+                .unwrap_or_default()
+        );
     } else {
         let err = String::from_utf8_lossy(&ran.stderr);
         eprintln!(
@@ -206,7 +236,12 @@ pub fn write(
 }
 
 /// The entry as configured, its paths absolute.
-fn config_yaml(section: &str, e: &ImplConfig, python: &Path, pythonpath: &[PathBuf]) -> Result<String> {
+fn config_yaml(
+    section: &str,
+    e: &ImplConfig,
+    python: &Path,
+    pythonpath: &[PathBuf],
+) -> Result<String> {
     let entry = json!({
         "id": e.id, "name": e.display_name(), "options": e.options,
         "python": python, "pythonpath": pythonpath,
