@@ -9,8 +9,9 @@ use grpo_conformance::spec::Level;
 use serde_json::json;
 use std::path::Path;
 
-/// Writes every input and the oracle's outputs (SPEC names) plus `case.json`.
-pub fn write(case: &Case, out: &Path) -> Result<()> {
+/// Writes every input and the oracle's outputs (SPEC names) plus `case.json`, and hands
+/// back the prepared case (its inputs and oracle) for a caller that writes more.
+pub fn write(case: &Case, out: &Path) -> Result<Prepared> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     grpo_conformance::trials::check_host_memory(case)
         .map_err(|e| anyhow::anyhow!("{}: {e}", case.id))?;
@@ -147,5 +148,5 @@ pub fn write(case: &Case, out: &Path) -> Result<()> {
         outputs.len(),
         out.display()
     );
-    Ok(())
+    Ok(p)
 }

@@ -357,7 +357,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
                     "no case `{case_id}` in the case matrix (list them with `grpo-suite cases --suite full`)"
                 )
             })?;
-            inputs_cmd::write(case, &out)
+            inputs_cmd::write(case, &out).map(|_| ())
         }
     }
 }

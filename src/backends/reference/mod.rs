@@ -98,16 +98,8 @@ impl ReferenceBackend {
     }
 }
 
-/// `naive_f32` or `naive_f32+<Mutation>` → the implementation.
 fn naive(implementation: &str) -> Option<NaiveF32> {
-    match implementation.strip_prefix("naive_f32") {
-        Some("") => Some(NaiveF32::default()),
-        Some(rest) => rest
-            .strip_prefix('+')
-            .and_then(Mutation::parse)
-            .map(|m| NaiveF32 { mutation: Some(m) }),
-        None => None,
-    }
+    NaiveF32::named(implementation)
 }
 
 impl super::Section for ReferenceConfig {

@@ -138,6 +138,18 @@ fn blocked_sum(it: impl Iterator<Item = f32>) -> f32 {
 }
 
 impl NaiveF32 {
+    /// `naive_f32` or `naive_f32+<Mutation>` → the implementation of that name.
+    pub fn named(implementation: &str) -> Option<NaiveF32> {
+        match implementation.strip_prefix("naive_f32") {
+            Some("") => Some(NaiveF32::default()),
+            Some(rest) => rest
+                .strip_prefix('+')
+                .and_then(Mutation::parse)
+                .map(|m| NaiveF32 { mutation: Some(m) }),
+            None => None,
+        }
+    }
+
     /// Logits level only.
     pub fn supports(&self, case: &Case) -> Result<(), crate::backends::Refusal> {
         match case.level {

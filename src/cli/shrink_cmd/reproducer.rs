@@ -6,10 +6,9 @@
 //! its output goes into the README as it printed.
 
 use anyhow::{Context, Result};
-use grpo_conformance::backends::{Mutation, NaiveF32};
+use grpo_conformance::backends::NaiveF32;
 use grpo_conformance::config::{Config, ImplConfig, ImplEntry};
 use grpo_conformance::npy;
-use grpo_conformance::runner::Prepared;
 use grpo_conformance::runner::TrialOutcome;
 use grpo_conformance::shrink::{Report, Signature};
 use grpo_conformance::trials::{Trial, Work};
@@ -40,7 +39,7 @@ pub fn write(
     config_path: &Path,
 ) -> Result<()> {
     let case = &r.minimal.case;
-    super::super::inputs_cmd::write(case, dir)?;
+    let prepared = super::super::inputs_cmd::write(case, dir)?;
     let finding = format!(
         "`{}` fails at `{}`{}: {}",
         t.key.1,
@@ -72,14 +71,7 @@ pub fn write(
     let family = match (&t.work, t.key.0.as_str()) {
         (Work::Run { .. }, b) if b.starts_with("torch-") => Some(Family::Torch),
         (Work::Run { .. }, b) if b.starts_with("pjrt-cpu") => Some(Family::Jax),
-        (Work::Run { .. }, "reference") => t.key.1.strip_prefix("naive_f32").and_then(|m| {
-            let mutation = match m.strip_prefix('+') {
-                Some(m) => Some(Mutation::parse(m)?),
-                None if m.is_empty() => None,
-                None => return None,
-            };
-            Some(Family::Suite(NaiveF32 { mutation }))
-        }),
+        (Work::Run { .. }, "reference") => NaiveF32::named(&t.key.1).map(Family::Suite),
         _ => None,
     };
     // The suite's own variants have no configured entry: theirs is their name.
@@ -154,7 +146,7 @@ pub fn write(
         ),
         Family::Suite(naive) => {
             // The inputs the suite's run judged (as the runner prepares them).
-            let outs = naive.run(case, &Prepared::new(case).inputs);
+            let outs = naive.run(case, &prepared.inputs);
             for (name, x) in &outs.tensors {
                 npy::write_f32(&dir.join(format!("out_{name}.npy")), &x.shape, &x.data)?;
             }
